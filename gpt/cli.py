@@ -1,0 +1,28 @@
+"""What every entry point shares: one place where user errors become a one-line message and exit code 2."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, TypeVar
+
+from gpt.errors import UserError
+
+T = TypeVar("T")
+
+
+def report_user_errors(fn: Callable[[], T]) -> T:
+    """Run fn; a UserError prints ``error: <message>`` (and its hint) to stderr and exits 2.
+
+    Any other exception is a bug and keeps its traceback. HYDRA_FULL_ERROR=1 shows the traceback of
+    user errors too.
+    """
+    try:
+        return fn()
+    except UserError as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        sys.exit(2)

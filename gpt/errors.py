@@ -1,0 +1,18 @@
+"""User-facing errors: a mistake the user can fix, reported as one line without a traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input (config, files, environment) rather than a bug.
+
+    The entry points print ``error: <message>`` and exit with code 2; ``hint`` is printed beneath it.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class ConfigError(UserError, ValueError):
+    """An invalid configuration value; also a ValueError so library callers can catch it as one."""

@@ -1,0 +1,82 @@
+"""The typed schemas behind configs/: Hydra checks every override against these dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from gpt.config import GPTConfig
+from gpt.data.config import DataConfig
+from gpt.device import DeviceConfig
+from gpt.train.config import TrainConfig
+
+
+@dataclass
+class ModelSchema(GPTConfig):
+    """GPTConfig as a config group: vocab_size comes from the data unless set, the kernel from attention=."""
+
+    vocab_size: Optional[int] = None
+    attention: str = "${attention.name}"
+
+    def __post_init__(self) -> None:  # validated when turned into a GPTConfig, once values are final
+        pass
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "sdpa"
+
+
+@dataclass
+class TrainApp:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    seed: int = 1337
+    out_dir: str = MISSING
+
+
+@dataclass
+class GenerateApp:
+    ckpt: str = MISSING  # a run directory (uses best.pt, else ckpt.pt) or a .pt file
+    prompt: str = ""  # empty: start from a newline (character models) or end-of-text (GPT-2 BPE)
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: Optional[int] = 200
+    num_samples: int = 1
+    seed: int = 1337
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    attention: Optional[AttentionConfig] = None  # None: the kernel the model was trained with
+    precision: str = "auto"
+
+
+@dataclass
+class PrepareApp:
+    data: DataConfig = field(default_factory=DataConfig)
+    force: bool = False
+
+
+def model_config(model: Any, vocab_size: int) -> GPTConfig:
+    """The validated GPTConfig for a model node; vocab_size defaults to the tokenizer's."""
+    values = {f.name: getattr(model, f.name) for f in fields(GPTConfig)}
+    if values["vocab_size"] is None:
+        values["vocab_size"] = vocab_size
+    elif values["vocab_size"] < vocab_size:
+        from gpt.errors import ConfigError
+
+        raise ConfigError(f"model.vocab_size ({values['vocab_size']}) is smaller than the tokenizer's vocabulary ({vocab_size})")
+    return GPTConfig(**values)
+
+
+def register() -> None:
+    """Register the schemas with Hydra's ConfigStore (the primary configs name them in their defaults)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainApp)
+    cs.store(name="generate_schema", node=GenerateApp)
+    cs.store(name="prepare_schema", node=PrepareApp)

@@ -1,0 +1,83 @@
+"""Every shipped config composes against its typed schema; the GPT-2 family has its published sizes."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from hydra.errors import ConfigCompositionException
+
+from gpt import GPT, attention
+from gpt.data.config import DataConfig
+from gpt.device import DeviceConfig
+from gpt.schema import model_config, register
+from gpt.train.config import TrainConfig
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+register()
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", ["model", "attention", "data", "device"])
+def test_every_option_of_every_group_composes(group):
+    for option in options(group):
+        cfg = compose_train(f"{group}={option}", "out_dir=x")
+        node = OmegaConf.to_container(cfg[group], resolve=False)
+        if group == "data":
+            DataConfig(**node)
+        elif group == "device":
+            DeviceConfig(**node)
+        elif group == "model":
+            model_config(cfg.model, vocab_size=100)
+        elif group == "attention":
+            assert cfg.attention.name == option and cfg.model.attention == option
+
+
+def test_every_attention_kernel_has_a_config_file():
+    assert options("attention") == attention.available()
+
+
+def test_train_defaults():
+    cfg = compose_train("out_dir=x")
+    assert cfg.model.n_layer == 4 and cfg.attention.name == "sdpa" and cfg.data.name == "stdlib_char"
+    assert cfg.device.type == "auto" and cfg.precision == "auto"
+    TrainConfig(**cfg.train).validate()
+
+
+def test_generate_and_prepare_configs_compose():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        gen = compose(config_name="generate", overrides=["ckpt=runs/x"])
+        assert gen.attention is None and gen.device.type == "auto"
+        gen = compose(config_name="generate", overrides=["ckpt=runs/x", "attention=manual"])
+        assert gen.attention.name == "manual"
+        prep = compose(config_name="prepare", overrides=["data=text", "data.path=somewhere"])
+        assert prep.data.source == "path"
+
+
+def test_overrides_are_type_checked():
+    with pytest.raises(ConfigCompositionException, match="model.n_layer=many"):
+        compose_train("model.n_layer=many")
+    with pytest.raises(ConfigCompositionException, match="model.n_layers"):
+        compose_train("model.n_layers=3")
+    cfg = compose_train("model.n_layer=3", "model.attention=manual", "train.batch_size=7", "seed=5")
+    assert (cfg.model.n_layer, cfg.model.attention, cfg.train.batch_size, cfg.seed) == (3, "manual", 7, 5)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+)
+def test_gpt2_family_has_published_sizes(name, params):
+    cfg = compose_train(f"model={name}", "out_dir=x")
+    with torch.device("meta"):
+        model = GPT(model_config(cfg.model, vocab_size=50257))
+    assert model.num_params(non_embedding=False) == params

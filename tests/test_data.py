@@ -1,0 +1,148 @@
+import json
+
+import numpy as np
+import pytest
+
+from gpt.data.config import DataConfig
+from gpt.data.loader import TokenData
+from gpt.data.prepare import prepare, token_dtype
+from gpt.data.sources import stdlib_corpus
+from gpt.errors import UserError
+from gpt.tokenizer import CharTokenizer, GPT2Tokenizer
+
+from conftest import needs_gpt2
+
+
+def test_prepare_a_text_folder(text_dir, tmp_path):
+    cfg = DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path / "data"))
+    out = prepare(cfg, log=lambda *_: None)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"]["kind"] == "char" and meta["dtype"] == "uint16"
+    assert meta["source"]["documents"] == 12
+    tokenizer = CharTokenizer(meta["tokenizer"]["chars"])
+    train = np.fromfile(out / "train.bin", dtype=np.uint16)
+    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
+    # 12 documents, every 10th held out: mod09 is the validation split, byte for byte.
+    assert tokenizer.decode(val.tolist()) == (text_dir / "mod09.py").read_text()
+    originals = "".join((text_dir / f"mod{i:02d}.py").read_text() for i in range(12) if i != 9)
+    assert tokenizer.decode(train.tolist()) == originals
+
+
+def test_prepare_is_skipped_when_up_to_date_and_redone_when_the_source_changes(text_dir, tmp_path):
+    cfg = DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path / "data"))
+    logs = []
+    out = prepare(cfg, log=logs.append)
+    mtime = (out / "train.bin").stat().st_mtime_ns
+    prepare(cfg, log=logs.append)
+    assert len([line for line in logs if line.startswith("preparing")]) == 1
+    assert (out / "train.bin").stat().st_mtime_ns == mtime
+    (text_dir / "mod00.py").write_text("a brand new file ~~~\n" * 50)
+    prepare(cfg, log=logs.append)
+    assert len([line for line in logs if line.startswith("preparing")]) == 2
+    assert "~" in json.loads((out / "meta.json").read_text())["tokenizer"]["chars"]
+
+
+def test_a_single_file_is_split_by_position(tmp_path):
+    source = tmp_path / "one.txt"
+    source.write_text("".join(chr(97 + i % 26) for i in range(1000)))
+    out = prepare(DataConfig(name="one", source="path", path=str(source), root=str(tmp_path)), log=lambda *_: None)
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["train_tokens"], meta["val_tokens"]) == (900, 100)
+
+
+def test_non_utf8_bytes_are_replaced_with_a_warning(tmp_path):
+    source = tmp_path / "latin1.txt"
+    source.write_bytes("caf\xe9 ".encode("latin-1") * 50)
+    with pytest.warns(UserWarning, match="not UTF-8"):
+        out = prepare(DataConfig(name="l1", source="path", path=str(source), root=str(tmp_path)), log=lambda *_: None)
+    assert "\ufffd" in json.loads((out / "meta.json").read_text())["tokenizer"]["chars"]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no text files"),
+        (lambda p: (p / "e.txt").write_text("") or p / "e.txt", "only empty files"),
+    ],
+)
+def test_bad_paths_are_user_errors(tmp_path, make, message):
+    with pytest.raises(UserError, match=message):
+        prepare(DataConfig(name="x", source="path", path=str(make(tmp_path)), root=str(tmp_path / "d")))
+
+
+def test_token_dtype_never_overflows():
+    assert token_dtype(256) == np.uint16
+    assert token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
+    assert token_dtype(100_000) == np.uint32
+
+
+def test_batches_are_next_token_windows(text_dir, tmp_path):
+    import torch
+
+    out = prepare(DataConfig(name="b", source="path", path=str(text_dir), root=str(tmp_path)), log=lambda *_: None)
+    data = TokenData(out)
+    x, y = data.batch("train", 4, 16, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert x.shape == y.shape == (4, 16)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(UserError, match="fewer than block_size"):
+        data.check_block_size(10_000)
+
+
+def test_stdlib_corpus_is_deterministic_and_has_no_tests():
+    a, b = stdlib_corpus(), stdlib_corpus()
+    names = [name for name, _ in a.documents]
+    assert names == sorted(names) and len(names) > 300
+    assert not any(name.startswith("test/") or "/tests/" in name for name in names)
+    assert a.fingerprint() == b.fingerprint()
+    assert sum(len(text) for _, text in a.documents) > 5_000_000
+
+
+def test_prepare_the_stdlib_corpus(tmp_path):
+    out = prepare(DataConfig(root=str(tmp_path)), log=lambda *_: None)
+    data = TokenData(out)
+    meta = data.meta
+    assert meta["train_tokens"] > 5_000_000 and meta["val_tokens"] > 300_000
+    assert "def " in data.tokenizer.decode(data.splits["val"][:20000].tolist())
+
+
+@needs_gpt2
+def test_gpt2_tokenizer_round_trip():
+    tokenizer = GPT2Tokenizer()
+    text = "def hello(world):\n    return 'héllo' + world  # ünïcode ✓"
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.vocab_size == 50257 and tokenizer.eot_token == 50256
+    assert tokenizer.encode("Hello world") == [15496, 995]  # GPT-2's published ids
+
+
+@needs_gpt2
+def test_prepare_with_the_gpt2_tokenizer(text_dir, tmp_path):
+    cfg = DataConfig(name="bpe", source="path", path=str(text_dir), tokenizer="gpt2", root=str(tmp_path))
+    data = TokenData(prepare(cfg, log=lambda *_: None))
+    assert data.meta["dtype"] == "uint16" and data.tokenizer.vocab_size == 50257
+    assert data.tokenizer.decode(data.splits["val"].tolist()) == (text_dir / "mod09.py").read_text()
+
+
+def test_unreachable_gpt2_encoding_says_how_to_provide_it(monkeypatch):
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(UserError, match="GPT-2 encoding") as err:
+        GPT2Tokenizer()
+    assert "TIKTOKEN_CACHE_DIR" in err.value.hint
+
+
+def test_download_source_caches_the_file(tmp_path):
+    page = tmp_path / "page.txt"
+    page.write_text("hello from the web\n" * 100)
+    cfg = DataConfig(name="web", source="url", url=page.as_uri(), root=str(tmp_path / "data"))
+    out = prepare(cfg, log=lambda *_: None)
+    assert (out / "source.txt").read_text() == page.read_text()
+    page.unlink()  # prepared once: no second download needed
+    assert prepare(cfg, log=lambda *_: None) == out

@@ -1,0 +1,95 @@
+"""Through the real scripts, as a user runs them: prepare, train a tiny model, sample from it."""
+
+import pytest
+import torch
+
+from conftest import run_script
+
+pytestmark = pytest.mark.slow
+
+TINY_RUN = ["model=tiny", "train.max_iters=30", "train.eval_interval=15", "train.eval_iters=2",
+            "train.batch_size=8", "train.sample_tokens=20", "device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, ):
+    root = tmp_path_factory.mktemp("e2e")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(10):
+        (corpus / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(60)))
+    run_dir = root / "run"
+    result = run_script("train", *TINY_RUN, "data=text", f"data.path={corpus}", f"data.root={root / 'data'}",
+                        f"out_dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    return root, run_dir, result
+
+
+def test_training_writes_checkpoints_logs_and_a_summary(trained):
+    root, run_dir, result = trained
+    assert (root / "data" / "text" / "meta.json").exists()
+    for name in ("ckpt.pt", "best.pt", ".hydra/config.yaml"):
+        assert (run_dir / name).exists(), name
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    out = result.stdout + result.stderr
+    assert "step 30: train loss" in out and "best val loss" in out
+    assert f"python scripts/generate.py ckpt={run_dir}" in out
+
+
+def test_checkpoint_is_plain_tensors_and_values(trained):
+    _, run_dir, _ = trained
+    ckpt = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 30 and ckpt["model_config"]["n_layer"] == 2
+    assert ckpt["tokenizer"]["kind"] == "char" and "optimizer" in ckpt
+    assert ckpt["config"]["train"]["max_iters"] == 30
+
+
+def test_tensorboard_has_the_scalars(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run_dir, _ = trained
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert {"train/loss", "val/loss", "lr", "tokens_per_sec"} <= set(events.Tags()["scalars"])
+
+
+def test_generate_samples_and_another_kernel_gives_the_same_text(trained):
+    _, run_dir, _ = trained
+    common = [f"ckpt={run_dir}", "prompt=def f1", "max_new_tokens=40", "temperature=0", "device=cpu"]
+    sdpa = run_script("generate", *common)
+    manual = run_script("generate", *common, "attention=manual")
+    assert sdpa.returncode == 0, sdpa.stderr
+    assert sdpa.stdout.startswith("def f1") and len(sdpa.stdout) > 40
+    assert manual.stdout == sdpa.stdout
+    sampled = run_script("generate", f"ckpt={run_dir}", "num_samples=2", "max_new_tokens=10", "seed=3", "top_k=5")
+    assert sampled.returncode == 0 and sampled.stdout.count("-" * 40) == 1
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("train", ["model.n_head=3", "model=tiny"], "model.n_embd (32) must be divisible by model.n_head (3)"),
+        ("train", ["model=tiny", "train.max_iters=0"], "train.max_iters must be positive"),
+        ("train", ["model=tiny", "model.attention=nope"], "unknown attention kernel 'nope'"),
+        ("train", ["model=tiny", "data=text", "data.path=/no/such/dir"], "data.path '/no/such/dir' does not exist"),
+        ("generate", ["ckpt=/no/such/run"], "checkpoint /no/such/run does not exist"),
+        ("generate", ["ckpt=.", "max_new_tokens=0"], "max_new_tokens must be positive"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, script, args, message):
+    result = run_script(script, *args, f"out_dir={tmp_path / 'run'}" if script == "train" else "device=cpu")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr
+
+
+def test_hydra_rejects_unknown_groups_and_keys(tmp_path):
+    for bad in ("attention=nope", "model.n_layers=3"):
+        result = run_script("train", bad, f"out_dir={tmp_path}")
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+
+
+def test_prepare_script(tmp_path, text_dir):
+    result = run_script("prepare", "data=text", f"data.path={text_dir}", f"data.root={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "text" / "train.bin").exists() and "ready:" in result.stdout
