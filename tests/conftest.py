@@ -41,7 +41,8 @@ def text_dir(tmp_path: Path) -> Path:
 
 def run_script(name: str, *args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run scripts/<name>.py with args, as a user would, capturing its output."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # PYTHONPATH: the scripts import this checkout's gpt package, whatever else is installed.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args],
