@@ -129,16 +129,11 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """Append ``max_new_tokens`` sampled tokens to each row of idx (B, T); see gpt.sampling."""
+    def generate(self, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """Append up to max_new_tokens sampled tokens to each row of idx (B, T).
+
+        Keyword arguments (temperature, top_k, top_p, generator, stop_token) are gpt.sampling.stream's.
+        """
         from gpt.sampling import generate
 
-        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+        return generate(self, idx, max_new_tokens, **kwargs)
