@@ -18,13 +18,15 @@ from gpt.train import checkpoint
 
 
 def load_model(
-    ckpt: str | Path, device: torch.device | str = "cpu", attention: str | None = None
+    ckpt: str | Path, device: torch.device | str = "cpu", attention: str | None = None, backend: str | None = None
 ) -> tuple[GPT, tok.Tokenizer]:
-    """The model and tokenizer stored in a checkpoint, in eval mode; ``attention`` swaps the kernel."""
+    """The model and tokenizer stored in a checkpoint, in eval mode; ``attention`` swaps the kernel.
+
+    ``backend`` (sdpa's attention.backend) is a choice for this run: the one training used is not restored.
+    """
     payload = checkpoint.load(checkpoint.resolve(ckpt))
     config = GPTConfig.from_dict(payload["model_config"])
-    if attention is not None:
-        config = replace(config, attention=attention)
+    config = replace(config, attention=attention or config.attention, attention_backend=backend)
     model = GPT(config)
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), tok.from_meta(payload["tokenizer"])
@@ -41,7 +43,9 @@ def run(cfg: DictConfig) -> None:
         raise UserError(f"num_samples must be positive, got {cfg.num_samples}")
     device = resolve_device(cfg.device.type)
     precision = resolve_precision(cfg.precision, device)
-    model, tokenizer = load_model(cfg.ckpt, device, cfg.attention.name if cfg.attention else None)
+    model, tokenizer = load_model(
+        cfg.ckpt, device, cfg.attention.name if cfg.attention else None, cfg.attention.backend if cfg.attention else None
+    )
     start = torch.tensor([prompt_ids(tokenizer, cfg.prompt)], device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     for i in range(cfg.num_samples):
