@@ -43,10 +43,11 @@ def window_mod(offset: int, window: int):
     return in_window
 
 
-def tensor_mod(mask: Tensor):
+def tensor_mod(mask: Tensor, t_q: int, t_k: int):
     """Look the answer up in a bool mask broadcastable to (B, H, Tq, Tk)."""
     mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     per_batch, per_head = mask.size(0) > 1, mask.size(1) > 1
+    mask = mask.expand(mask.size(0), mask.size(1), t_q, t_k)  # e.g. key padding (B, 1, 1, Tk): a view
 
     def lookup(b, h, q_idx, kv_idx):
         return mask[b if per_batch else 0, h if per_head else 0, q_idx, kv_idx]
@@ -62,7 +63,7 @@ def block_mask(
         return _rule_block_mask(t_q, t_k, causal, window, str(device))
     if mask.dtype != torch.bool:
         raise TypeError(f"attention mask must be bool (True = may attend), got {mask.dtype}")
-    mods = [tensor_mod(mask)]
+    mods = [tensor_mod(mask, t_q, t_k)]
     if causal:
         mods.append(causal_mod(t_k - t_q))
     if window is not None:
@@ -107,7 +108,9 @@ def flex(
     if dropout_p > 0.0:
         raise ValueError("attention=flex has no dropout on the attention weights; use model.dropout=0 or another kernel")
     check_window(window, causal)
-    if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if not torch.is_grad_enabled():  # torch refuses CPU inputs that merely require grad, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    elif q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError(NO_CPU_BACKWARD)
     rules = block_mask(q.size(0), q.size(1), q.size(-2), k.size(-2), causal, window, mask, q.device)
     gqa = q.size(1) != k.size(1)
