@@ -125,9 +125,10 @@ def test_the_grid_covers_what_it_claims():
 
 # bf16: inputs are rounded to bf16 first and the reference uses those same rounded values, so what is
 # measured is the kernel's own bf16 arithmetic: scores of size ~3 carry an absolute rounding error of
-# ~3 * 2^-9 = 0.006, the weights 2^-9 relative, and the output is rounded to bf16 (2^-9 relative at
-# values up to ~2). Measured worst case over these inputs is below 0.016; we allow 3e-2 (about 4 bf16
-# ulps at 2.0) forward and 5e-2 for gradients, which sum one more product of rounded terms.
+# ~3 * 2^-9 = 0.006, the weights 2^-9 relative, and the output is rounded to bf16 (2^-9 relative).
+# Measured on this CPU over 5 seeds, as |err| / (1 + |ref|): at most 0.0064 forward (manual, einsum,
+# heads; sdpa 0.0022, flex 0.0033) and 0.021 for gradients (a squared loss doubles the error and the
+# backward pass rounds once more). We allow 2e-2 forward and 5e-2 for gradients: ~3x and ~2.5x headroom.
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_bf16_matches_the_reference_within_stated_tolerance(kernel):
     q, k, v = make_qkv(H=4, Hkv=2, Tq=5, Tk=7, dtype=torch.bfloat16)
@@ -137,7 +138,7 @@ def test_bf16_matches_the_reference_within_stated_tolerance(kernel):
     with torch.set_grad_enabled(kernel in BACKWARD):
         out = fn(q, k, v, causal=True, mask=mask, window=4)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), out_ref, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out.double(), out_ref, atol=2e-2, rtol=2e-2)
     if kernel in BACKWARD:
         grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
