@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     for row in rows:
         print(f"{row['kernel']}: {row['about']}")
+        for option, reason in row["why"].items():
+            print(f"    no {option}: {reason}")
     print("\nforward/backward: inference / training; gqa: fewer key-value heads; window: sliding window;"
           "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here.")
 

@@ -60,7 +60,7 @@ def einsum(
     scale: float | None = None,
     window: int | None = None,
 ) -> Tensor:
-    """The same computation with named indices: b batch, h head, q query, k key, d feature."""
+    """The manual computation as torch.einsum index strings (b batch, h head, q query, k key, d feature)."""
     k, v = expand_kv(q, k, v)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
@@ -134,7 +134,7 @@ def sdpa(
     window: int | None = None,
     backend: str | None = None,
 ) -> Tensor:
-    """torch's scaled_dot_product_attention, which dispatches to flash / memory-efficient kernels.
+    """torch's fused scaled_dot_product_attention: flash / memory-efficient / math kernels, chosen or pinned.
 
     ``backend`` pins one of SDPA_BACKENDS (torch.nn.attention.sdpa_kernel); if it cannot run these
     inputs on this device, a UserError says why instead of torch's "no available kernel".

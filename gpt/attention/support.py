@@ -53,13 +53,17 @@ def probe(name: str, device: torch.device | str, option: str, backend: str | Non
     return None
 
 
-def support_table(device: torch.device | str) -> list[dict[str, str]]:
-    """One row per kernel: each option "yes" or "no", the backends that run, a one-line description."""
+def support_table(device: torch.device | str) -> list[dict]:
+    """One row per kernel: each option "yes" or "no" (with the reason in row["why"]), the backends that
+    run here, and a one-line description."""
     rows = []
     for name in available():
-        row = {"kernel": name}
+        row = {"kernel": name, "why": {}}
         for option in OPTIONS:
-            row[option] = "yes" if probe(name, device, option) is None else "no"
+            failure = probe(name, device, option)
+            row[option] = "yes" if failure is None else "no"
+            if failure is not None:
+                row["why"][option] = failure
         runs = [b for b in backends(name) if probe(name, device, "forward", backend=b) is None]
         row["backends"] = " ".join(runs) if backends(name) else "-"
         row["about"] = ((get(name).__doc__ or "").strip().splitlines() or [""])[0]
