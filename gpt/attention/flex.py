@@ -86,7 +86,7 @@ def _rule_block_mask(t_q: int, t_k: int, causal: bool, window: int | None, devic
 
 @functools.cache
 def _compiled_flex():
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)  # shapes that vary (sampling) become dynamic after one recompile
 
 
 @register("flex")
