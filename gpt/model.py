@@ -2,6 +2,8 @@
 
 Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights
 map one to one. The attention formula itself lives in gpt.attention; this file only shapes the tensors.
+Options beyond GPT-2 (config): fewer key/value heads (n_kv_head), a sliding window, and rotary position
+embeddings instead of the learned wpe table (pos_embedding=rope).
 The model knows nothing of training, devices or sampling strategy.
 """
 
