@@ -34,12 +34,18 @@ def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTCon
 
 
 def load_model(
-    ckpt: str | Path, device: torch.device | str = "cpu", attention: str | None = None, init_path: str | None = None
+    ckpt: str | Path,
+    device: torch.device | str = "cpu",
+    attention: str | None = None,
+    backend: str | None = None,
+    init_path: str | None = None,
 ) -> tuple[GPT, tok.Tokenizer]:
-    """The model (in eval mode) and tokenizer that ``ckpt`` names; ``attention`` swaps the kernel."""
+    """The model (in eval mode) and tokenizer that ``ckpt`` names; ``attention`` swaps the kernel.
+
+    ``backend`` (sdpa's attention.backend) is a choice for this run: the one training used is not restored.
+    """
     config, state, tokenizer = load_weights(ckpt, init_path)
-    if attention is not None:
-        config = replace(config, attention=attention)
+    config = replace(config, attention=attention or config.attention, attention_backend=backend)
     model = GPT(config)
     model.load_state_dict(state)
     return model.to(device).eval(), tok.from_meta(tokenizer)
@@ -126,7 +132,8 @@ def run(cfg: DictConfig) -> None:
     check_sampling(cfg.temperature, cfg.top_k, cfg.top_p)
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
-    model, tokenizer = load_model(cfg.ckpt, device, cfg.attention.name if cfg.attention else None, cfg.init_path)
+    attention = cfg.attention or {}
+    model, tokenizer = load_model(cfg.ckpt, device, attention.get("name"), attention.get("backend"), cfg.init_path)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:

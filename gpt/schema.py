@@ -20,6 +20,7 @@ class ModelSchema(GPTConfig):
 
     vocab_size: Optional[int] = None
     attention: str = "${attention.name}"
+    attention_backend: Optional[str] = "${attention.backend}"
 
     def __post_init__(self) -> None:  # validated when turned into a GPTConfig, once values are final
         pass
@@ -28,6 +29,7 @@ class ModelSchema(GPTConfig):
 @dataclass
 class AttentionConfig:
     name: str = "sdpa"
+    backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)
 
 
 @dataclass

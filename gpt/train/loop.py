@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from gpt import attention
 from gpt.config import GPTConfig
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
@@ -61,6 +62,7 @@ def train(cfg: DictConfig, run_dir: Path, log=print) -> Summary:
     tcfg = TrainConfig(**OmegaConf.to_container(cfg.train, resolve=True))
     tcfg.validate()
     device = resolve_device(cfg.device.type)
+    attention.check_trainable(cfg.model.attention, device, cfg.model.dropout)
     precision = resolve_precision(cfg.precision, device)
     data_dir = prepare(DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)), log=log)
     data = TokenData(data_dir)
