@@ -115,7 +115,8 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
     start = torch.tensor([ids], device=device)
     with ctx:
         for token in stream(model, start, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                            top_p=cfg.top_p, generator=generator, stop_token=tokenizer.eot_token):
+                            top_p=cfg.top_p, generator=generator, stop_token=tokenizer.eot_token,
+                            kv_cache=cfg.kv_cache):
             token = int(token)
             if token == tokenizer.eot_token or not text.add(token):
                 break

@@ -19,6 +19,7 @@ from torch import Tensor
 from gpt import attention
 from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
+from gpt.kv_cache import KVCache, LayerCache
 
 
 class CausalSelfAttention(nn.Module):
@@ -41,7 +42,14 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kernel = attention.get(config.attention, config.attention_backend)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        """x (B, T, C); key_mask (B, T), True for real tokens (False: left padding nobody attends to)."""
         B, T, C = x.shape
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
@@ -51,7 +59,11 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = self.kernel(q, k, v, causal=True, window=self.window, dropout_p=self.dropout if self.training else 0.0)
+        window = self.window
+        if cache is not None:  # attend to the cached keys too (key_mask then covers all of them)
+            k, v, key_mask, window = cache.update(k, v, key_mask)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -80,8 +92,14 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), rope)
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        x = x + self.attn(self.ln_1(x), rope, key_mask, cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -124,21 +142,38 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy if targets given."""
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy if targets given.
+
+        For generation: positions (T,) or (B, T) (default: the next T after what the cache holds),
+        key_mask (B, T) marking real tokens of left-padded rows, and a KVCache to fill and reuse.
+        """
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)  # positions 0..T-1 (a KV cache would pass an offset)
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            if start + T > self.config.block_size:
+                raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+            positions = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)
         rope = None
         if self.config.pos_embedding == "learned":
-            x = x + self.transformer.wpe(pos)
+            x = x + self.transformer.wpe(positions)
         else:
-            rope = rope_angles(pos, self.config.head_dim)  # cos, sin: computed once, used by every layer
+            cos, sin = rope_angles(positions, self.config.head_dim)  # computed once, used by every layer
+            rope = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])  # (B, 1, T, D/2)
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x, rope)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rope, key_mask, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.advance(T)
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
@@ -148,7 +183,7 @@ class GPT(nn.Module):
     def generate(self, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """Append up to max_new_tokens sampled tokens to each row of idx (B, T).
 
-        Keyword arguments (temperature, top_k, top_p, generator, stop_token) are gpt.sampling.stream's.
+        Keyword arguments (temperature, top_k, top_p, generator, stop_token, kv_cache) are gpt.sampling.stream's.
         """
         from gpt.sampling import generate
 

@@ -56,6 +56,7 @@ class GenerateApp:
     top_k: Optional[int] = 200
     top_p: Optional[float] = None  # nucleus sampling, in (0, 1]
     stop: List[str] = field(default_factory=list)  # stop before any of these strings
+    kv_cache: bool = True  # false: recompute the whole context at every step
     num_samples: int = 1
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
@@ -67,6 +68,18 @@ class GenerateApp:
 class ExportApp:
     ckpt: str = MISSING  # a run directory or .pt file
     out: Optional[str] = None  # default: <run directory>/export
+
+
+@dataclass
+class BenchDecodeApp:
+    ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
+    model: ModelSchema = field(default_factory=ModelSchema)
+    vocab_size: int = 256  # for random weights
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    new_tokens: int = 500
+    prompt_lens: List[int] = field(default_factory=lambda: [1, 64])
+    batch_size: int = 1
+    repeats: int = 3
 
 
 @dataclass
@@ -94,3 +107,4 @@ def register() -> None:
     cs.store(name="generate_schema", node=GenerateApp)
     cs.store(name="prepare_schema", node=PrepareApp)
     cs.store(name="export_schema", node=ExportApp)
+    cs.store(name="bench_decode_schema", node=BenchDecodeApp)

@@ -13,11 +13,11 @@ from torch import Tensor
 
 
 def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """cos and sin of the rotation angles, each (T, head_dim // 2), for integer positions (T,)."""
+    """cos and sin of the rotation angles, each (..., T, head_dim // 2), for integer positions (..., T)."""
     if head_dim % 2 != 0:
         raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}")
     inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
     return angles.cos(), angles.sin()
 
 

@@ -1,0 +1,54 @@
+"""Attention weights made visible: run a model with every layer's kernel swapped for one that records them.
+
+Fused kernels (sdpa, flex) never materialise the weights, so the probe recomputes them explicitly from
+the q, k, v each layer hands its kernel (after RoPE, with GQA heads and the window and padding masks as
+the kernel sees them). All kernels compute the same function, so the pictures hold for any of them.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from gpt.attention.masks import combine, expand_kv
+
+
+def attention_weights(
+    q: Tensor, k: Tensor, *, causal: bool = True, mask: Tensor | None = None, window: int | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """softmax(q k^T * scale) under the causal/window/padding rules: (B, H, Tq, Tk), empty rows all zero."""
+    k, _ = expand_kv(q, k, k)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+    allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device, window)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights if allowed is None else weights.masked_fill(~allowed, 0.0)
+
+
+@contextmanager
+def record_attention(model: nn.Module) -> Iterator[list[Tensor]]:
+    """Within the block, each forward pass appends every attention layer's weights (B, H, Tq, Tk), in order."""
+    recorded: list[Tensor] = []
+    layers = [m for m in model.modules() if hasattr(m, "kernel") and hasattr(m, "c_attn")]
+    originals = [layer.kernel for layer in layers]
+
+    def recorder(q, k, v, *, causal=True, mask=None, dropout_p=0.0, scale=None, window=None):
+        weights = attention_weights(q, k, causal=causal, mask=mask, window=window, scale=scale)
+        recorded.append(weights.detach())
+        _, v = expand_kv(q, v, v)
+        return (weights @ v.float()).to(q.dtype)
+
+    for layer in layers:
+        layer.kernel = recorder
+    try:
+        yield recorded
+    finally:
+        for layer, kernel in zip(layers, originals):
+            layer.kernel = kernel

@@ -1,0 +1,1 @@
+"""Benchmarks the project runs on itself (scripts/bench_*.py are their entry points)."""

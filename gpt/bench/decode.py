@@ -1,0 +1,50 @@
+"""Decode speed: prefill and per-token decode, with the KV cache and with full recomputation."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from gpt import GPT
+from gpt.bench.report import markdown_table, median_seconds
+from gpt.device import resolve_device
+from gpt.generate import load_model
+from gpt.sampling import generate
+from gpt.schema import model_config
+
+
+def run(cfg: DictConfig) -> str:
+    """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return a markdown table."""
+    device = resolve_device(cfg.device.type)
+    if cfg.ckpt:
+        model, _ = load_model(cfg.ckpt, device)
+        source = cfg.ckpt
+    else:
+        torch.manual_seed(0)
+        model = GPT(model_config(cfg.model, cfg.vocab_size)).to(device).eval()
+        source = "random weights"
+    mc = model.config
+    header = (
+        f"decode benchmark: {source}, {model.num_params() / 1e6:.2f}M parameters, block_size {mc.block_size}, "
+        f"attention={mc.attention}, device {device}, batch {cfg.batch_size}, {cfg.new_tokens} new tokens, "
+        f"median of {cfg.repeats}"
+    )
+    rows = []
+    for prompt_len in cfg.prompt_lens:
+        prompt = torch.randint(0, mc.vocab_size, (cfg.batch_size, min(prompt_len, mc.block_size)), device=device)
+        with torch.no_grad():
+            prefill = median_seconds(lambda: model(prompt), device, cfg.repeats)
+        speed = {}
+        for kv_cache in (True, False):
+            seconds = median_seconds(
+                lambda: generate(model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv_cache),
+                device, cfg.repeats,
+            )
+            speed[kv_cache] = cfg.new_tokens * cfg.batch_size / seconds
+        rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
+                     f"{speed[True]:,.0f}", f"{speed[False]:,.0f}", f"{speed[True] / speed[False]:.1f}x"])
+    table = markdown_table(
+        ["prompt tokens", "prefill ms", "prefill tok/s", "decode tok/s (KV cache)", "decode tok/s (recompute)", "cache speed-up"],
+        rows,
+    )
+    return header + "\n\n" + table
