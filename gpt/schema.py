@@ -83,6 +83,17 @@ class BenchDecodeApp:
 
 
 @dataclass
+class VisualizeApp:
+    ckpt: str = MISSING  # a run directory, .pt file, exported folder, or gpt2* (with init_path)
+    init_path: Optional[str] = None
+    prompt: str = "def main():"  # \n and \t are unescaped, as in generate.py
+    layer: Optional[int] = None  # with head: one enlarged map
+    head: Optional[int] = None
+    out: str = "attention.png"
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+@dataclass
 class PrepareApp:
     data: DataConfig = field(default_factory=DataConfig)
     force: bool = False
@@ -107,4 +118,5 @@ def register() -> None:
     cs.store(name="generate_schema", node=GenerateApp)
     cs.store(name="prepare_schema", node=PrepareApp)
     cs.store(name="export_schema", node=ExportApp)
+    cs.store(name="visualize_schema", node=VisualizeApp)
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)

@@ -1,0 +1,86 @@
+"""Pictures of attention: a grid of heat maps (layers by heads) or one enlarged map, axes labelled by token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gpt.attention.probe import record_attention
+from gpt.model import GPT
+from gpt.tokenizer import Tokenizer
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, idx: Tensor) -> Tensor:
+    """Attention weights of every layer and head for one sequence idx (1, T): (n_layer, n_head, T, T)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with record_attention(model) as recorded:
+            model(idx)
+    finally:
+        model.train(was_training)
+    return torch.stack([weights[0] for weights in recorded]).cpu()
+
+
+def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    """One readable label per token: spaces as a visible mark, control characters escaped."""
+    return [repr(tokenizer.decode([i]))[1:-1].replace(" ", "\u2423") for i in ids]
+
+
+def attention_figure(maps: Tensor, labels: list[str], layer: int | None = None, head: int | None = None,
+                     title: str = ""):
+    """A matplotlib figure: all maps as a layers x heads grid, or the one map picked by layer and head."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_layer, n_head = maps.shape[:2]
+    for name, value, limit in (("layer", layer, n_layer), ("head", head, n_head)):
+        if value is not None and not 0 <= value < limit:
+            raise ValueError(f"{name}={value} is out of range: the model has {limit} {name}s (0..{limit - 1})")
+    layers = [layer] if layer is not None else list(range(n_layer))
+    heads = [head] if head is not None else list(range(n_head))
+    single = len(layers) == 1 and len(heads) == 1
+    cell = 7.0 if single else 2.2
+    fig, axes = plt.subplots(len(layers), len(heads), figsize=(cell * len(heads) + 0.6, cell * len(layers) + 0.6),
+                             squeeze=False)
+    show_labels = single or len(labels) <= 24
+    for r, l in enumerate(layers):
+        for c, h in enumerate(heads):
+            ax = axes[r][c]
+            ax.imshow(maps[l, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {l}, head {h}", fontsize=9 if single else 6)
+            ticks = range(len(labels))
+            if show_labels:
+                ax.set_xticks(ticks, labels, rotation=90, fontsize=8 if single else 4, family="monospace")
+                ax.set_yticks(ticks, labels, fontsize=8 if single else 4, family="monospace")
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+    if single:
+        axes[0][0].set_xlabel("key (attended to)")
+        axes[0][0].set_ylabel("query")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: str | Path,
+                       layer: int | None = None, head: int | None = None) -> Path:
+    """Compute the maps for ``ids`` and write the picture to ``out`` (a .png path)."""
+    import matplotlib.pyplot as plt
+
+    device = next(model.parameters()).device
+    maps = attention_maps(model, torch.tensor([ids], device=device))
+    fig = attention_figure(maps, token_labels(tokenizer, ids), layer, head,
+                           title=f"attention maps ({model.config.attention} kernel, weights recomputed)")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
