@@ -89,6 +89,11 @@ class TextStream:
         self.out.flush()
 
 
+def unescape(text: str) -> str:
+    """\\n and \\t typed on the command line become a newline and a tab (Hydra cannot pass real ones)."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def read_prompt(cfg: DictConfig) -> str:
     """The prompt from prompt_file (a path, or - for standard input) or from prompt (\\n and \\t unescaped)."""
     if cfg.prompt_file is not None:
@@ -98,7 +103,7 @@ def read_prompt(cfg: DictConfig) -> str:
         if not path.is_file():
             raise UserError(f"prompt_file {str(path)!r} does not exist", hint="give a text file, or prompt_file=- for standard input")
         return path.read_text(encoding="utf-8", errors="replace")
-    return cfg.prompt.replace("\\n", "\n").replace("\\t", "\t")
+    return unescape(cfg.prompt)
 
 
 def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cfg: DictConfig,
@@ -111,7 +116,7 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
         print(f"warning: the prompt has {len(ids)} tokens; keeping its last {block_size} (block_size)", file=sys.stderr)
         ids = ids[-block_size:]
     out.write(tokenizer.decode(ids) if prompt else "")
-    text = TextStream(tokenizer, out, list(cfg.stop))
+    text = TextStream(tokenizer, out, [unescape(s) for s in cfg.stop])
     start = torch.tensor([ids], device=device)
     with ctx:
         for token in stream(model, start, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
@@ -144,7 +149,7 @@ def run(cfg: DictConfig) -> None:
             line = sys.stdin.readline()
             if not line or not line.strip():
                 return
-            sample_to(out, model, tokenizer, line.rstrip("\n").replace("\\n", "\n"), cfg, generator, ctx)
+            sample_to(out, model, tokenizer, unescape(line.rstrip("\n")), cfg, generator, ctx)
     prompt = read_prompt(cfg)
     for i in range(cfg.num_samples):
         sample_to(out, model, tokenizer, prompt, cfg, generator, ctx)

@@ -13,13 +13,13 @@ register()
 def main(cfg: DictConfig) -> None:
     from gpt.device import resolve_device
     from gpt.errors import UserError
-    from gpt.generate import load_model
+    from gpt.generate import load_model, unescape
     from gpt.sampling import prompt_ids
     from gpt.visualize import save_attention_png
 
     def draw():
         model, tokenizer = load_model(cfg.ckpt, resolve_device(cfg.device.type), init_path=cfg.init_path)
-        ids = prompt_ids(tokenizer, cfg.prompt.replace("\\n", "\n").replace("\\t", "\t"))
+        ids = prompt_ids(tokenizer, unescape(cfg.prompt))
         if len(ids) > model.config.block_size:
             raise UserError(f"the prompt has {len(ids)} tokens, more than block_size {model.config.block_size}")
         try:

@@ -165,3 +165,18 @@ def test_generate_script_refuses_bad_settings(checkpoint_dir, args, message):
     result = run_script("generate", f"ckpt={checkpoint_dir}", *args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert message in result.stderr
+
+
+def test_interactive_loop_and_stop_strings(checkpoint_dir):
+    result = run_script("generate", f"ckpt={checkpoint_dir}", "interactive=true", "max_new_tokens=4", "temperature=0",
+                        input="ab\nc(\n\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("prompt> ") == 3 and "\nab" not in result.stdout.split("prompt> ")[0]
+    assert result.stdout.split("prompt> ")[1].startswith("ab") and result.stdout.split("prompt> ")[2].startswith("c(")
+    full = run_script("generate", f"ckpt={checkpoint_dir}", "prompt=ab", "max_new_tokens=30", "temperature=0")
+    generated = full.stdout[2:-1]
+    stop = generated[3:5]
+    cut = run_script("generate", f"ckpt={checkpoint_dir}", "prompt=ab", "max_new_tokens=30", "temperature=0",
+                     f"stop=[{stop.replace(chr(10), chr(92) + 'n')!r}]".replace("'", '"'))
+    assert cut.returncode == 0, cut.stderr
+    assert cut.stdout == "ab" + generated[: generated.index(stop)] + "\n"
