@@ -29,7 +29,7 @@ def test_prepare_a_text_folder(text_dir, tmp_path):
     assert tokenizer.decode(train.tolist()) == originals
 
 
-def test_prepare_is_skipped_when_up_to_date_and_redone_when_the_source_changes(text_dir, tmp_path):
+def test_prepare_is_skipped_when_up_to_date_and_refuses_to_replace_other_data(text_dir, tmp_path):
     cfg = DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path / "data"))
     logs = []
     out = prepare(cfg, log=logs.append)
@@ -38,7 +38,15 @@ def test_prepare_is_skipped_when_up_to_date_and_redone_when_the_source_changes(t
     assert len([line for line in logs if line.startswith("preparing")]) == 1
     assert (out / "train.bin").stat().st_mtime_ns == mtime
     (text_dir / "mod00.py").write_text("a brand new file ~~~\n" * 50)
-    prepare(cfg, log=logs.append)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(UserError, match="was prepared from .* not from") as err:
+        prepare(cfg, log=logs.append)
+    assert "data.rebuild=true" in err.value.hint
+    with pytest.raises(UserError, match="with the char tokenizer, not from .* with the gpt2 tokenizer"):
+        prepare(DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path / "data"),
+                           tokenizer="gpt2"))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    prepare(DataConfig(**{**cfg.__dict__, "rebuild": True}), log=logs.append)
     assert len([line for line in logs if line.startswith("preparing")]) == 2
     assert "~" in json.loads((out / "meta.json").read_text())["tokenizer"]["chars"]
 
@@ -146,3 +154,27 @@ def test_download_source_caches_the_file(tmp_path):
     assert (out / "source.txt").read_text() == page.read_text()
     page.unlink()  # prepared once: no second download needed
     assert prepare(cfg, log=lambda *_: None) == out
+
+
+def test_a_failed_write_leaves_the_prepared_data_as_it_was(text_dir, tmp_path, monkeypatch):
+    import errno
+
+    from gpt.data import prepare as prep
+
+    cfg = DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path), rebuild=True)
+    out = prepare(cfg, log=lambda *_: None)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    calls = []
+
+    def disk_full(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    real = prep.write_atomic
+    monkeypatch.setattr(prep, "write_atomic", disk_full)
+    with pytest.raises(UserError, match="No space left on device"):
+        prepare(cfg, log=lambda *_: None)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "mine"]  # no staging folder left behind

@@ -15,3 +15,4 @@ class DataConfig:
     tokenizer: str = "char"  # char | gpt2
     val_fraction: float = 0.1
     root: str = "data"
+    rebuild: bool = False  # replace data/<name> even if it was prepared from another source or tokenizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -82,40 +83,55 @@ def write_atomic(path: Path, data: bytes) -> None:
 def prepare(cfg: DataConfig, force: bool = False, log=print) -> Path:
     """Prepare the data set described by cfg unless an up-to-date copy exists; returns its folder.
 
-    Up to date means meta.json names the same tokenizer and the same source fingerprint. meta.json is
-    written last, so an interrupted preparation is redone rather than used.
+    Up to date means meta.json names the same tokenizer and the same source fingerprint. A folder
+    prepared from another source or tokenizer is refused unless force (or data.rebuild) is set, so
+    nothing prepared is silently replaced. The new files are written to a temporary folder that
+    replaces the old one only once complete: a failure midway leaves the old data as it was.
     """
     data_dir = Path(cfg.root) / cfg.name
     corpus = load_corpus(cfg)
     fingerprint = corpus.fingerprint()
     meta = read_meta(data_dir)
-    if (
-        not force
-        and meta is not None
-        and meta.get("version") == FORMAT_VERSION
-        and meta.get("tokenizer", {}).get("kind") == cfg.tokenizer
-        and meta.get("source", {}).get("fingerprint") == fingerprint
-    ):
-        return data_dir
+    if meta is not None and not (force or cfg.rebuild):
+        same_source = meta.get("source", {}).get("fingerprint") == fingerprint
+        same_tokenizer = meta.get("tokenizer", {}).get("kind") == cfg.tokenizer
+        if same_source and same_tokenizer and meta.get("version") == FORMAT_VERSION:
+            return data_dir
+        was = f"{meta.get('source', {}).get('description', 'another source')} with the {meta.get('tokenizer', {}).get('kind')} tokenizer"
+        raise UserError(
+            f"{data_dir} was prepared from {was}, not from {corpus.description} with the {cfg.tokenizer} tokenizer",
+            hint="pass data.name=<another folder> to keep both, or data.rebuild=true to replace it",
+        )
     log(f"preparing {data_dir} from {corpus.description} with the {cfg.tokenizer} tokenizer")
     train_text, val_text = split_documents(corpus, cfg.val_fraction)
     tokenizer = tok.build(cfg.tokenizer, train_text + val_text)
     dtype = token_dtype(tokenizer.vocab_size)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "meta.json").unlink(missing_ok=True)  # the folder is incomplete until meta.json is back
-    counts = {}
-    for split, text in (("train", train_text), ("val", val_text)):
-        ids = encode(tokenizer, text)
-        write_atomic(data_dir / f"{split}.bin", ids.astype(dtype).tobytes())
-        counts[f"{split}_tokens"] = int(ids.size)
-    meta = {
-        "version": FORMAT_VERSION,
-        "tokenizer": tokenizer.to_meta(),
-        "dtype": dtype.name,
-        **counts,
-        "source": {"kind": cfg.source, "description": corpus.description, "fingerprint": fingerprint,
-                   "documents": len(corpus.documents)},
-    }
-    write_atomic(data_dir / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
+    staging = data_dir.with_name(f".{cfg.name}.preparing")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        counts = {}
+        for split, text in (("train", train_text), ("val", val_text)):
+            ids = encode(tokenizer, text)
+            write_atomic(staging / f"{split}.bin", ids.astype(dtype).tobytes())
+            counts[f"{split}_tokens"] = int(ids.size)
+        meta = {
+            "version": FORMAT_VERSION,
+            "tokenizer": tokenizer.to_meta(),
+            "dtype": dtype.name,
+            **counts,
+            "source": {"kind": cfg.source, "description": corpus.description, "fingerprint": fingerprint,
+                       "documents": len(corpus.documents)},
+        }
+        write_atomic(staging / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "meta.json").unlink(missing_ok=True)
+        for name in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it marks the folder complete
+            os.replace(staging / name, data_dir / name)
+    except OSError as err:
+        raise UserError(f"could not write prepared data to {data_dir}: {err.strerror or err}",
+                        hint="free disk space or choose another data.root") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     log(f"wrote {counts['train_tokens']:,} train and {counts['val_tokens']:,} val tokens ({dtype.name}) to {data_dir}")
     return data_dir
