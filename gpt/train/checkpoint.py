@@ -58,12 +58,16 @@ def resolve(ckpt: str | Path) -> Path:
 
 def load(path: Path) -> dict[str, Any]:
     """Load a checkpoint safely: weights_only=True, so no pickled code ever runs."""
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is damaged or foreign
+        raise UserError(f"{path} is not a readable checkpoint (not a torch archive)", hint="it may be truncated, empty or not a checkpoint at all")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        found = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line]
         raise UserError(
-            f"{path} holds objects other than tensors and plain values; refusing to load it ({str(err).splitlines()[0]})",
-            hint="only load checkpoints you trust; this loader never runs code from a file",
+            f"{path} holds objects other than tensors and plain values; refusing to load it"
+            + (f" ({found[0]})" if found else ""),
+            hint="this loader never runs code from a file; re-save the checkpoint with tensors and plain values only",
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         raise UserError(f"{path} is not a readable checkpoint ({str(err).splitlines()[0]})", hint="it may be truncated or not a checkpoint at all") from None
