@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import random
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpt.errors import UserError
@@ -70,3 +72,42 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or "model" not in payload or "model_config" not in payload:
         raise UserError(f"{path} is not a checkpoint written by this framework (no model or model_config)")
     return payload
+
+
+# Model-config fields that may change when resuming: they change neither parameter names nor shapes.
+RESUMABLE_MODEL_FIELDS = ("dropout", "attention")
+
+
+def shape_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The model-config fields (other than dropout and the kernel) that differ, as readable phrases."""
+    missing = "(not set)"
+    keys = sorted((set(saved) | set(current)) - set(RESUMABLE_MODEL_FIELDS))
+    return [
+        f"model.{k} is {saved.get(k, missing)!r} in the checkpoint but {current.get(k, missing)!r} now"
+        for k in keys
+        if saved.get(k, missing) != current.get(k, missing)
+    ]
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator this process uses, as tensors and plain values (weights_only-loadable)."""
+    version, internal, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

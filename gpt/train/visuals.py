@@ -1,0 +1,80 @@
+"""What TensorBoard shows besides scalars: one layer's attention maps, recomputed from its q and k.
+
+The fused kernels (sdpa, flash) never materialise the attention weights, so they are recomputed here
+from the layer's own q/k projection: softmax(q k^T / sqrt(head_dim)) under the causal mask. This file
+reads the model's modules (transformer.h[i].attn.c_attn) and assumes their current layout: c_attn's
+output is q, k, v side by side, n_embd wide each, n_head heads apiece. A model with grouped key/value
+heads or rotary embeddings needs the split (and the rotation of q, k) adapted in ``_query_key`` only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def _query_key(attn: nn.Module, x: Tensor, n_head: int) -> tuple[Tensor, Tensor]:
+    """q and k, each (B, n_head, T, head_dim), from the input x (B, T, C) of an attention module."""
+    B, T, C = x.shape
+    q, k, _ = attn.c_attn(x).split(C, dim=2)
+    q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
+    k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
+    return q, k
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, idx: Tensor, layer: int) -> Tensor:
+    """Attention weights of every head of one layer for token ids idx (1, T): a (n_head, T, T) tensor.
+
+    Row i is query position i's distribution over key positions 0..i (zeros above the diagonal).
+    """
+    blocks = model.transformer.h
+    if not 0 <= layer < len(blocks):
+        raise ValueError(f"layer {layer} out of range: the model has {len(blocks)} layers")
+    captured: dict[str, Tensor] = {}
+    # the attention module's input is ln_1 of the residual stream; catch it on the way in
+    hook = blocks[layer].attn.register_forward_pre_hook(lambda module, args: captured.setdefault("x", args[0]))
+    was_training = model.training
+    model.eval()
+    try:
+        model(idx)
+    finally:
+        hook.remove()
+        model.train(was_training)
+    q, k = _query_key(blocks[layer].attn, captured["x"].float(), model.config.n_head)
+    T = idx.size(1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.softmax(scores, dim=-1)[0]
+
+
+def attention_figure(maps: Tensor, tokens: list[str], title: str):
+    """A matplotlib figure: one heat map per head, tokens along both axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_head = maps.size(0)
+    cols = min(n_head, 4)
+    rows = math.ceil(n_head / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    labels = [t if t.strip() else repr(t)[1:-1] for t in tokens]
+    for h, ax in enumerate(axes.flat):
+        if h >= n_head:
+            ax.axis("off")
+            continue
+        ax.imshow(maps[h].cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"head {h}", fontsize=9)
+        if len(labels) <= 32:
+            ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=90)
+            ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
