@@ -53,7 +53,7 @@ class Summary:
     best_val_loss: float
     final_train_loss: float  # of the last evaluation
     final_val_loss: float
-    tokens_per_sec: float  # over the training steps of this invocation
+    tokens_per_sec: float  # over the training steps of this invocation, but its first
     peak_memory_bytes: int
     wall_s: float
     ckpt: Path
@@ -97,9 +97,9 @@ def compile_unavailable(device: torch.device) -> str | None:
     """Why torch.compile cannot run here, or None when it can."""
     if not hasattr(torch, "compile"):
         return "this PyTorch has no torch.compile"
-    import torch._dynamo
+    import torch._dynamo as dynamo
 
-    if not torch._dynamo.is_dynamo_supported():
+    if not dynamo.is_dynamo_supported():
         return f"TorchDynamo does not support Python {sys.version_info.major}.{sys.version_info.minor}"
     if device.type == "cuda":
         from torch.utils._triton import has_triton
@@ -368,7 +368,8 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
             step += 1
             steps_run += 1
             steps_since_log += 1
-            train_time += time.time() - t0
+            if steps_run > 1:  # the first step (compilation, warm-up) is left out of the run's tokens/s
+                train_time += time.time() - t0
 
             if step % tcfg.log_interval == 0 or step == tcfg.max_iters:
                 elapsed = time.time() - t_log
@@ -385,7 +386,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
                 if interactive:
                     bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 else:
-                    eta = (tcfg.max_iters - step) * train_time / max(steps_run, 1)
+                    eta = (tcfg.max_iters - step) * train_time / max(steps_run - 1, 1)
                     log(f"step {step}/{tcfg.max_iters}: loss {train_loss:.4f}, lr {lr:.2e}, grad norm {grad_norm_f:.3f}, "
                         f"{tok_s:,.0f} tok/s" + (f", mfu {mfu:.1%}" if mfu is not None else "")
                         + f", eta {_duration(eta)}")
@@ -403,7 +404,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
         best_val_loss=best_val,
         final_train_loss=last_eval.get("train", math.nan),
         final_val_loss=last_eval.get("val", math.nan),
-        tokens_per_sec=steps_run * tokens_per_step / train_time if train_time > 0 else 0.0,
+        tokens_per_sec=(steps_run - 1) * tokens_per_step / train_time if train_time > 0 else 0.0,
         peak_memory_bytes=metrics.peak_memory_bytes(device),
         wall_s=time.time() - t_start,
         ckpt=run_dir / checkpoint.LATEST,
