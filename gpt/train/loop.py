@@ -204,7 +204,8 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     train_gen = torch.Generator().manual_seed(cfg.seed)
     step, evaluated, best_val, skipped, last_eval = 0, False, math.inf, 0, {}
-    if state is not None:
+    resumed = state is not None
+    if resumed:
         raw_model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:
@@ -228,7 +229,8 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
     writer = None
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        writer = SummaryWriter(log_dir=str(run_dir), purge_step=step if step > 0 else None)
+        # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
+        writer = SummaryWriter(log_dir=str(run_dir), purge_step=step + 1 if resumed else None)
         _log_config(writer, cfg, resolved)
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * d.world_size * mcfg.block_size
     n_params = raw_model.num_params()
@@ -290,7 +292,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
     t_log, steps_since_log = time.time(), 0
     stopped_by: str | None = None
     compiled_first_step = tcfg.compile and model is not raw_model
-    with StopRequest() as stop_request:
+    with StopRequest(verbose=d.is_main) as stop_request:
         while True:
             if (step % tcfg.eval_interval == 0 or step == tcfg.max_iters) and not evaluated:
                 losses = evaluate(model, data, tcfg, mcfg.block_size, cfg.seed, device, ctx, d)

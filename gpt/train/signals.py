@@ -22,7 +22,8 @@ class StopRequest:
     checkpoint stays as it is, since saves are atomic.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = True) -> None:
+        self.verbose = verbose  # False on ranks > 0: rank 0 speaks for all
         self.requested: str | None = None  # name of the first signal received
         self._first_at = 0.0
         self._previous: dict[int, object] = {}
@@ -32,8 +33,9 @@ class StopRequest:
         now = time.monotonic()
         if self.requested is None:
             self.requested, self._first_at = name, now
-            print(f"\n{name} received: finishing this step and saving (send it again to quit at once)",
-                  file=sys.stderr, flush=True)
+            if self.verbose:
+                print(f"\n{name} received: finishing this step and saving (send it again to quit at once)",
+                      file=sys.stderr, flush=True)
             return
         if now - self._first_at < REPEAT_WINDOW_S:
             return
