@@ -8,7 +8,7 @@ import pickle
 import random
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -112,3 +112,46 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"][0])
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {"a.b.c": value}."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def resume_state(run_dir: Path, resume: bool, model_config: dict[str, Any], config: dict[str, Any],
+                 log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The training state in run_dir to continue from, or None to start afresh; UserError when refused.
+
+    Without ``resume``, an existing checkpoint is refused (it would be overwritten). With it, a missing
+    checkpoint means starting from step 0 (a run killed before its first save), and a checkpoint whose
+    model has another shape is refused, naming the fields. Other changed settings are logged.
+    """
+    path = run_dir / LATEST
+    if not path.exists():
+        if resume:
+            log(f"resume=true but {run_dir} holds no {LATEST} yet: starting from step 0")
+        return None
+    if not resume:
+        raise UserError(f"{run_dir} already holds a checkpoint ({LATEST}) from an earlier run",
+                        hint="pass resume=true to continue it, or choose another out_dir")
+    state = load(path)
+    missing = [k for k in ("optimizer", "rng", "data", "step") if k not in state]
+    if missing:
+        raise UserError(f"{path} holds no training state ({', '.join(missing)} missing), so it cannot be resumed",
+                        hint="it can still be sampled from with scripts/generate.py")
+    diffs = shape_differences(state["model_config"], model_config)
+    if diffs:
+        raise UserError(f"cannot resume {path} with a model of another shape: {'; '.join(diffs)}",
+                        hint="resume with the run's model settings, or start a new run in another out_dir")
+    before, now = flatten(state.get("config", {})), flatten(config)
+    changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
+               if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
+    if changed:
+        log("note: resuming with changed settings: " + "; ".join(changed))
+    return state

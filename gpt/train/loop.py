@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -34,9 +34,8 @@ from gpt.data.prepare import prepare
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.sampling import prompt_ids
 from gpt.schema import model_config
-from gpt.train import checkpoint, distributed, metrics
+from gpt.train import checkpoint, distributed, metrics, visuals
 from gpt.train.config import TrainConfig
 from gpt.train.distributed import Dist
 from gpt.train.optim import learning_rate, make_optimizer
@@ -136,15 +135,6 @@ def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
     return " ".join([launch, script, *map(shlex.quote, keep), shlex.quote(f"out_dir={run_dir}"), "resume=true"])
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
-
-
 def train(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print, overrides: list[str] | None = None,
           script: str = "scripts/train.py") -> Summary:
     """Train the model described by a composed train config, writing everything into run_dir.
@@ -231,7 +221,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
         run_dir.mkdir(parents=True, exist_ok=True)
         # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
         writer = SummaryWriter(log_dir=str(run_dir), purge_step=step + 1 if resumed else None)
-        _log_config(writer, cfg, resolved)
+        visuals.log_config(writer, cfg, resolved)
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * d.world_size * mcfg.block_size
     n_params = raw_model.num_params()
     peak = metrics.peak_flops(device, precision)
@@ -306,7 +296,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
                 if writer is not None:
                     writer.add_scalar("val/loss", losses["val"], step)
                     writer.add_scalar("train/eval_loss", losses["train"], step)
-                    _log_samples(writer, raw_model, data, tcfg.sample_tokens, cfg.seed, device, ctx, step)
+                    visuals.log_samples(writer, raw_model, data, tcfg.sample_tokens, cfg.seed, device, ctx, step)
                 save(evaluated_here=True, best=improved)
                 say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 t_log, steps_since_log = time.time(), 0
@@ -426,7 +416,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
         return summary
     if tcfg.sample_tokens > 0:
         raw_model.eval()
-        log("sample:\n" + _sample(raw_model, data, "", tcfg.sample_tokens, cfg.seed, device, ctx) + "\n" + "-" * 40)
+        log("sample:\n" + visuals.sample_text(raw_model, data, "", tcfg.sample_tokens, cfg.seed, device, ctx) + "\n" + "-" * 40)
     log(
         f"done: {n_params / 1e6:.2f}M parameters, {summary.tokens:,} tokens seen, "
         f"best val loss {summary.best_val_loss:.4f}, {summary.tokens_per_sec:,.0f} tokens/s, "
@@ -438,74 +428,11 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
 
 
 def _resume_state(cfg: DictConfig, run_dir: Path, mcfg: GPTConfig, resolved: dict, log) -> dict | Stop | None:
-    """Rank 0: the training state to resume from (None: start afresh), or the Stop that refuses."""
-    path = run_dir / checkpoint.LATEST
-    if not path.exists():
-        if cfg.resume:
-            log(f"resume=true but {run_dir} holds no {checkpoint.LATEST} yet: starting from step 0")
-        return None
-    if not cfg.resume:
-        return Stop(f"{run_dir} already holds a checkpoint ({checkpoint.LATEST}) from an earlier run",
-                    hint="pass resume=true to continue it, or choose another out_dir")
+    """Rank 0: the state to resume from (None: start afresh), or the Stop that refuses (sent to all ranks)."""
     try:
-        state = checkpoint.load(path)
+        return checkpoint.resume_state(run_dir, cfg.resume, mcfg.to_dict(), resolved, log)
     except UserError as err:
         return Stop(str(err), err.hint)
-    missing = [k for k in ("optimizer", "rng", "data", "step") if k not in state]
-    if missing:
-        return Stop(f"{path} holds no training state ({', '.join(missing)} missing), so it cannot be resumed",
-                    hint="it can still be sampled from with scripts/generate.py")
-    diffs = checkpoint.shape_differences(state["model_config"], mcfg.to_dict())
-    if diffs:
-        return Stop(f"cannot resume {path} with a model of another shape: {'; '.join(diffs)}",
-                    hint="resume with the run's model settings, or start a new run in another out_dir")
-    before, now = _flatten(state.get("config", {})), _flatten(resolved)
-    changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
-               if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
-    if changed:
-        log("note: resuming with changed settings: " + "; ".join(changed))
-    return state
-
-
-def _log_config(writer, cfg: DictConfig, resolved: dict) -> None:
-    """The full resolved config as text, and its flat values as TensorBoard hyperparameters."""
-    from torch.utils.tensorboard.summary import hparams
-
-    writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "\n```")
-    flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in _flatten(resolved).items()}
-    file_writer = writer._get_file_writer()
-    for summary in hparams(flat, {"val/loss": math.nan}):
-        file_writer.add_summary(summary)
-
-
-def _sample(model: GPT, data: TokenData, prompt: str | list[int], n: int, seed: int, device, ctx) -> str:
-    ids = prompt_ids(data.tokenizer, prompt) if isinstance(prompt, str) else prompt
-    start = torch.tensor([ids], device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with ctx:
-        out = model.generate(start, n, temperature=0.8, top_k=200, generator=gen)
-    return data.tokenizer.decode(out[0].tolist())
-
-
-def _log_samples(writer, model: GPT, data: TokenData, n_tokens: int, seed: int, device, ctx, step: int) -> None:
-    """Text samples from fixed prompts and one layer's attention maps, for TensorBoard (rank 0)."""
-    from gpt.train.visuals import attention_figure, attention_maps
-
-    val = data.splits["val"]
-    head = [int(t) for t in val[: min(len(val), model.config.block_size, 24)]]
-    was_training = model.training
-    model.eval()
-    try:
-        if n_tokens > 0:
-            for i, prompt in enumerate(("", head[:8])):
-                text = _sample(model, data, prompt, min(n_tokens, 200), seed, device, ctx)
-                writer.add_text(f"samples/prompt{i}", "```\n" + text + "\n```", step)
-        layer = model.config.n_layer // 2
-        maps = attention_maps(model, torch.tensor([head], device=device), layer)
-        tokens = [data.tokenizer.decode([t]) for t in head]
-        writer.add_figure(f"attention/layer{layer}", attention_figure(maps, tokens, f"layer {layer}, step {step}"), step)
-    finally:
-        model.train(was_training)
 
 
 def _duration(seconds: float) -> str:

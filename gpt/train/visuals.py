@@ -1,4 +1,4 @@
-"""What TensorBoard shows besides scalars: one layer's attention maps, recomputed from its q and k.
+"""What TensorBoard shows besides scalars: the config, text samples, and one layer's attention maps.
 
 The fused kernels (sdpa, flash) never materialise the attention weights, so they are recomputed here
 from the layer's own q/k projection: softmax(q k^T / sqrt(head_dim)) under the causal mask. This file
@@ -12,7 +12,13 @@ from __future__ import annotations
 import math
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
+
+from gpt.data.loader import TokenData
+from gpt.model import GPT
+from gpt.sampling import prompt_ids
+from gpt.train.checkpoint import flatten
 
 
 def _query_key(attn: nn.Module, x: Tensor, n_head: int) -> tuple[Tensor, Tensor]:
@@ -78,3 +84,43 @@ def attention_figure(maps: Tensor, tokens: list[str], title: str):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def log_config(writer, cfg: DictConfig, resolved: dict) -> None:
+    """The full resolved config as text, and its flat values as TensorBoard hyperparameters."""
+    from torch.utils.tensorboard.summary import hparams
+
+    writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "\n```")
+    flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flatten(resolved).items()}
+    file_writer = writer._get_file_writer()
+    for summary in hparams(flat, {"val/loss": math.nan}):
+        file_writer.add_summary(summary)
+
+
+def sample_text(model: GPT, data: TokenData, prompt: str | list[int], n: int, seed: int, device, ctx) -> str:
+    """n sampled tokens after a prompt (text or token ids), with a fixed seed: comparable across evaluations."""
+    ids = prompt_ids(data.tokenizer, prompt) if isinstance(prompt, str) else prompt
+    start = torch.tensor([ids], device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with ctx:
+        out = model.generate(start, n, temperature=0.8, top_k=200, generator=gen)
+    return data.tokenizer.decode(out[0].tolist())
+
+
+def log_samples(writer, model: GPT, data: TokenData, n_tokens: int, seed: int, device, ctx, step: int) -> None:
+    """Text samples from fixed prompts and one layer's attention maps, for TensorBoard (rank 0)."""
+    val = data.splits["val"]
+    head = [int(t) for t in val[: min(len(val), model.config.block_size, 24)]]
+    was_training = model.training
+    model.eval()
+    try:
+        if n_tokens > 0:
+            for i, prompt in enumerate(("", head[:8])):
+                text = sample_text(model, data, prompt, min(n_tokens, 200), seed, device, ctx)
+                writer.add_text(f"samples/prompt{i}", "```\n" + text + "\n```", step)
+        layer = model.config.n_layer // 2
+        maps = attention_maps(model, torch.tensor([head], device=device), layer)
+        tokens = [data.tokenizer.decode([t]) for t in head]
+        writer.add_figure(f"attention/layer{layer}", attention_figure(maps, tokens, f"layer {layer}, step {step}"), step)
+    finally:
+        model.train(was_training)
