@@ -259,22 +259,46 @@ def test_multirun_gives_one_directory_per_job_and_a_table(sweep):
     assert "attention=manual" in result.stdout and f"tensorboard --logdir {sweep_dir}" in result.stdout
 
 
-def test_two_gloo_processes_match_one_process_with_grad_accum_2(sweep, data_args, tmp_path):
+# Rank 1 alone gets SIGTERM as its step 3 begins: both ranks must agree to stop after it.
+SIGTERM_RANK_1_AT_STEP_3 = """
+import os, signal
+import gpt.train.optim as optim
+_lr = optim.learning_rate
+def _learning_rate(step, cfg):
+    if step == 3 and os.environ['RANK'] == '1':
+        os.kill(os.getpid(), signal.SIGTERM)
+    return _lr(step, cfg)
+optim.learning_rate = _learning_rate
+"""
+
+
+def torchrun(*args: str, cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+              f"--master_port={free_port()}"]
+    program = ["--no-python", sys.executable, "-c", FAULT_RUNNER, fault, str(SCRIPT)] if fault else [str(SCRIPT)]
+    return subprocess.run([*launch, *program, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def test_two_gloo_processes_agree_to_stop_resume_and_match_one_process_with_grad_accum_2(sweep, data_args, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sweep_dir, _ = sweep
     run_dir = tmp_path / "ddp"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-         f"--master_port={free_port()}", str(ROOT / "scripts" / "train.py"), *DDP_RUN, "attention=sdpa",
-         "train.grad_accum=1", *data_args, f"out_dir={run_dir}"],
-        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout + result.stderr
+    common = [*DDP_RUN, "attention=sdpa", "train.grad_accum=1", *data_args, f"out_dir={run_dir}"]
+    stopped = torchrun(*common, cwd=tmp_path, fault=SIGTERM_RANK_1_AT_STEP_3)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    out = stopped.stdout + stopped.stderr
     assert "4 sequences x 1 micro-steps x 2 process(es) x 32 tokens = 256 tokens per optimizer step" in out
-    assert out.count("step 6: train loss") == 1  # rank 0 alone logs
+    assert "stopped by a signal on another rank after step 4" in out
+    assert "resume with: torchrun --nproc_per_node=2 " in out
+    assert out.count("step 3: train loss") == 1  # rank 0 alone logs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing of its own
-    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+    ckpt = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 4 and len(ckpt["rng"]) == 2 and ckpt["world_size"] == 2
+
+    resumed = torchrun(*common, "resume=true", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
 
     def scalars(path: Path, tag: str) -> list[float]:
         events = EventAccumulator(str(path))
@@ -285,6 +309,6 @@ def test_two_gloo_processes_match_one_process_with_grad_accum_2(sweep, data_args
     for tag in ("train/loss", "val/loss", "grad_norm"):
         assert scalars(run_dir, tag) == pytest.approx(scalars(single, tag), rel=1e-5, abs=1e-6), tag
     ddp, one = torch.load(run_dir / "ckpt.pt", weights_only=True), torch.load(single / "ckpt.pt", weights_only=True)
+    assert ddp["step"] == one["step"] == 6
     for name, tensor in one["model"].items():
         torch.testing.assert_close(ddp["model"][name], tensor, rtol=1e-4, atol=1e-6)
-    assert len(ddp["rng"]) == 2 and ddp["world_size"] == 2
