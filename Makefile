@@ -13,11 +13,11 @@ test: install-dev
 
 # Install only when something is missing, so repeated runs cost nothing (and no network is needed).
 install:
-	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib" 2>/dev/null \
+	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors" 2>/dev/null \
 		|| $(PYTHON) -m pip install -e .
 
 install-dev:
-	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, pytest, hypothesis" 2>/dev/null \
+	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, pytest, hypothesis" 2>/dev/null \
 		|| $(PYTHON) -m pip install -e ".[dev]"
 
 clean:

@@ -2,6 +2,8 @@
 
 Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights
 map one to one. The attention formula itself lives in gpt.attention; this file only shapes the tensors.
+Options beyond GPT-2 (config): fewer key/value heads (n_kv_head), a sliding window, and rotary position
+embeddings instead of the learned wpe table (pos_embedding=rope).
 The model knows nothing of training, devices or sampling strategy.
 """
 
@@ -15,30 +17,41 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt import attention
+from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with one fused q/k/v projection and a pluggable kernel."""
+    """Multi-head causal self-attention with one fused q/k/v projection and a pluggable kernel.
+
+    With n_kv_head < n_head (grouped-query attention) c_attn projects to fewer key/value heads:
+    (n_head + 2 * n_kv_head) * head_dim outputs. With pos_embedding=rope, q and k are rotated here.
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
-        self.n_embd = config.n_embd
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
+        self.window = config.window
         self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
+        self.c_attn = nn.Linear(config.n_embd, qkv_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.kernel = attention.get(config.attention)
+        self.kernel = attention.get(config.attention, config.attention_backend)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_dim)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = self.kernel(q, k, v, causal=True, dropout_p=self.dropout if self.training else 0.0)
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+        # (B, T, heads * head_dim) -> (B, heads, T, head_dim)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = self.kernel(q, k, v, causal=True, window=self.window, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -67,8 +80,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), rope)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -79,15 +92,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-            )
-        )
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
+        if config.pos_embedding == "learned":  # with rope, positions enter through q and k instead
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.transformer.drop = nn.Dropout(config.dropout)
+        self.transformer.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.transformer.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
 
@@ -110,7 +120,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; by default without the position embedding (the token one is tied to the head)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -119,26 +129,27 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        pos = torch.arange(T, device=idx.device)  # positions 0..T-1 (a KV cache would pass an offset)
+        x = self.transformer.wte(idx)
+        rope = None
+        if self.config.pos_embedding == "learned":
+            x = x + self.transformer.wpe(pos)
+        else:
+            rope = rope_angles(pos, self.config.head_dim)  # cos, sin: computed once, used by every layer
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, rope)
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """Append ``max_new_tokens`` sampled tokens to each row of idx (B, T); see gpt.sampling."""
+    def generate(self, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """Append up to max_new_tokens sampled tokens to each row of idx (B, T).
+
+        Keyword arguments (temperature, top_k, top_p, generator, stop_token) are gpt.sampling.stream's.
+        """
         from gpt.sampling import generate
 
-        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+        return generate(self, idx, max_new_tokens, **kwargs)

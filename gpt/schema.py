@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -20,6 +20,7 @@ class ModelSchema(GPTConfig):
 
     vocab_size: Optional[int] = None
     attention: str = "${attention.name}"
+    attention_backend: Optional[str] = "${attention.backend}"
 
     def __post_init__(self) -> None:  # validated when turned into a GPTConfig, once values are final
         pass
@@ -28,6 +29,7 @@ class ModelSchema(GPTConfig):
 @dataclass
 class AttentionConfig:
     name: str = "sdpa"
+    backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)
 
 
 @dataclass
@@ -45,16 +47,27 @@ class TrainApp:
 
 @dataclass
 class GenerateApp:
-    ckpt: str = MISSING  # a run directory (uses best.pt, else ckpt.pt) or a .pt file
+    ckpt: str = MISSING  # a run directory (best.pt, else ckpt.pt), a .pt file, an exported folder, or gpt2*
+    init_path: Optional[str] = None  # with ckpt=gpt2*: a local Hugging Face GPT-2 folder or .safetensors file
     prompt: str = ""  # empty: start from a newline (character models) or end-of-text (GPT-2 BPE)
+    prompt_file: Optional[str] = None  # read the prompt from a file; - for standard input
+    interactive: bool = False  # a prompt loop on standard input
     max_new_tokens: int = 500
-    temperature: float = 0.8
+    temperature: float = 0.8  # 0: greedy
     top_k: Optional[int] = 200
+    top_p: Optional[float] = None  # nucleus sampling, in (0, 1]
+    stop: List[str] = field(default_factory=list)  # stop before any of these strings
     num_samples: int = 1
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
     attention: Optional[AttentionConfig] = None  # None: the kernel the model was trained with
     precision: str = "auto"
+
+
+@dataclass
+class ExportApp:
+    ckpt: str = MISSING  # a run directory or .pt file
+    out: Optional[str] = None  # default: <run directory>/export
 
 
 @dataclass
@@ -81,3 +94,4 @@ def register() -> None:
     cs.store(name="train_schema", node=TrainApp)
     cs.store(name="generate_schema", node=GenerateApp)
     cs.store(name="prepare_schema", node=PrepareApp)
+    cs.store(name="export_schema", node=ExportApp)

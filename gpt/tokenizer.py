@@ -18,6 +18,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def token_bytes(self, token: int) -> bytes: ...
+
     def to_meta(self) -> dict[str, Any]: ...
 
 
@@ -48,6 +50,9 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i] for i in ids)
 
+    def token_bytes(self, token: int) -> bytes:
+        return self.chars[token].encode("utf-8", "surrogatepass")
+
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "chars": self.chars}
 
@@ -67,6 +72,10 @@ class GPT2Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (a token may hold part of a UTF-8 character)."""
+        return self.encoding.decode_single_token_bytes(token)
 
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "encoding": GPT2_ENCODING}

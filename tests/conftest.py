@@ -39,7 +39,9 @@ def text_dir(tmp_path: Path) -> Path:
     return folder
 
 
-def run_script(name: str, *args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_script(
+    name: str, *args: str, cwd: Path | None = None, timeout: int = 300, input: str | None = None
+) -> subprocess.CompletedProcess:
     """Run scripts/<name>.py with args, as a user would, capturing its output."""
     # PYTHONPATH: the scripts import this checkout's gpt package, whatever else is installed.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -48,6 +50,7 @@ def run_script(name: str, *args: str, cwd: Path | None = None, timeout: int = 30
         [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args],
         cwd=cwd or ROOT,
         env=env,
+        input=input,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -61,6 +61,9 @@ def test_generate_samples_and_another_kernel_gives_the_same_text(trained):
     assert sdpa.returncode == 0, sdpa.stderr
     assert sdpa.stdout.startswith("def f1") and len(sdpa.stdout) > 40
     assert manual.stdout == sdpa.stdout
+    flex = run_script("generate", *common, "attention=flex")  # flex samples on CPU (no backward needed)
+    assert flex.returncode == 0, flex.stderr
+    assert flex.stdout == sdpa.stdout
     sampled = run_script("generate", f"ckpt={run_dir}", "num_samples=2", "max_new_tokens=10", "seed=3", "top_k=5")
     assert sampled.returncode == 0 and sampled.stdout.count("-" * 40) == 1
 
@@ -71,6 +74,7 @@ def test_generate_samples_and_another_kernel_gives_the_same_text(trained):
         ("train", ["model.n_head=3", "model=tiny"], "model.n_embd (32) must be divisible by model.n_head (3)"),
         ("train", ["model=tiny", "train.max_iters=0"], "train.max_iters must be positive"),
         ("train", ["model=tiny", "model.attention=nope"], "unknown attention kernel 'nope'"),
+        ("train", ["model=tiny", "attention=flex", "device=cpu"], "attention=flex cannot train on CPU"),
         ("train", ["model=tiny", "data=text", "data.path=/no/such/dir"], "data.path '/no/such/dir' does not exist"),
         ("generate", ["ckpt=/no/such/run"], "checkpoint /no/such/run does not exist"),
         ("generate", ["ckpt=.", "max_new_tokens=0"], "max_new_tokens must be positive"),

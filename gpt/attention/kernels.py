@@ -1,15 +1,23 @@
-"""The built-in attention kernels. Each is a separate, complete formulation of the same function."""
+"""The built-in attention kernels. Each is a separate, complete formulation of the same function.
+
+Every kernel follows the contract in gpt.attention.registry.AttentionKernel: True in ``mask`` means
+"may attend", causal masks are bottom-right aligned, a row with nothing to attend to gives zeros.
+FlexAttention lives in gpt.attention.flex.
+"""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt.attention.masks import combine, expand_kv
+from gpt.attention.masks import combine, expand_kv, kv_group
 from gpt.attention.registry import register
+from gpt.errors import UserError
 
 
 @register("manual")
@@ -22,12 +30,13 @@ def manual(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Explicit scores, -inf where not allowed, softmax, dropout, weighted sum of the values."""
     k, v = expand_kv(q, k, v)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
-    allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device)
+    allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device, window)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -39,7 +48,80 @@ def manual(
     return weights @ v
 
 
-@register("sdpa")
+@register("einsum")
+def einsum(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = True,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    window: int | None = None,
+) -> Tensor:
+    """The manual computation as torch.einsum index strings (b batch, h head, q query, k key, d feature)."""
+    k, v = expand_kv(q, k, v)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device, window)
+    if allowed is not None:
+        scores = torch.where(allowed, scores, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if allowed is not None:
+        weights = torch.where(allowed, weights, 0.0)  # empty rows: NaN -> 0
+    weights = F.dropout(weights, p=dropout_p, training=dropout_p > 0.0)
+    return torch.einsum("bhqk,bhkd->bhqd", weights, v)
+
+
+@register("heads")
+def heads(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = True,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    window: int | None = None,
+) -> Tensor:
+    """One head at a time: single-head attention in a loop, the outputs stacked back into heads.
+
+    This is the "several heads as separate modules" formulation, run on the fused weights' slices.
+    Query head h reads key/value head h // (H // Hkv), so grouped-query attention needs no copies.
+    """
+    B, H, t_q, D = q.shape
+    t_k = k.size(-2)
+    group = kv_group(q, k)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    allowed = combine(t_q, t_k, causal, mask, q.device, window)
+    if allowed is not None:
+        allowed = allowed.expand(B, H, t_q, t_k)  # a view: lets us pick each head's mask
+    outputs = []
+    for h in range(H):
+        q_h, k_h, v_h = q[:, h], k[:, h // group], v[:, h // group]  # (B, T, D) each
+        scores = (q_h @ k_h.transpose(-2, -1)) * scale  # (B, Tq, Tk)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed[:, h], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if allowed is not None:
+            weights = weights.masked_fill(~allowed[:, h], 0.0)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        outputs.append(weights @ v_h)  # (B, Tq, D)
+    return torch.stack(outputs, dim=1)
+
+
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+@register("sdpa", backends=tuple(SDPA_BACKENDS))
 def sdpa(
     q: Tensor,
     k: Tensor,
@@ -49,17 +131,47 @@ def sdpa(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    window: int | None = None,
+    backend: str | None = None,
 ) -> Tensor:
-    """torch's scaled_dot_product_attention, which dispatches to flash / memory-efficient kernels."""
+    """torch's fused scaled_dot_product_attention: flash / memory-efficient / math kernels, chosen or pinned.
+
+    ``backend`` pins one of SDPA_BACKENDS (torch.nn.attention.sdpa_kernel); if it cannot run these
+    inputs on this device, a UserError says why instead of torch's "no available kernel".
+    """
+    if backend is None:
+        return _sdpa(q, k, v, causal, mask, dropout_p, scale, window)
+    if backend not in SDPA_BACKENDS:
+        raise ValueError(f"unknown sdpa backend {backend!r}; valid: {', '.join(SDPA_BACKENDS)}")
+    # torch states why it refuses a backend as warnings, then fails; keep them for our message.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(SDPA_BACKENDS[backend]):
+                return _sdpa(q, k, v, causal, mask, dropout_p, scale, window)
+        except RuntimeError as err:
+            reasons = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
+            reasons = [r for r in reasons if r and not r.endswith("because:")]
+            if not reasons and q.device.type != "cuda":
+                reasons = [f"torch has no {backend} kernel on {q.device.type}"]
+            raise UserError(
+                f"attention.backend={backend} cannot run here ({q.device.type}, {str(q.dtype).removeprefix('torch.')}): "
+                + ("; ".join(reasons) or str(err).splitlines()[0]),
+                hint="leave attention.backend unset to let torch choose, or use attention.backend=math",
+            ) from None
+
+
+def _sdpa(q, k, v, causal, mask, dropout_p, scale, window) -> Tensor:
     gqa = q.size(1) != k.size(1)
     t_q, t_k = q.size(-2), k.size(-2)
-    if mask is None and (not causal or t_q == t_k):
+    if mask is None and window is None and (not causal or t_q == t_k):
         # The fast path: no explicit mask, so flash attention stays eligible.
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
         )
-    # torch's is_causal is top-left aligned, so Tq < Tk (a cached decode step) needs an explicit mask.
-    allowed = combine(t_q, t_k, causal, mask, q.device)
+    # torch's is_causal is top-left aligned, so Tq < Tk (a cached decode step) needs an explicit mask;
+    # SDPA has no window argument, so the band is an explicit (Tq, Tk) mask too.
+    allowed = combine(t_q, t_k, causal, mask, q.device, window)
     empty_rows = ~allowed.any(dim=-1, keepdim=True)
     if empty_rows.any():
         # Let empty rows attend everywhere (keeps the softmax finite), then zero their output.

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from gpt import attention
 from gpt.config import GPTConfig
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
@@ -144,6 +145,7 @@ def train(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print, ov
     tcfg = TrainConfig(**OmegaConf.to_container(cfg.train, resolve=True))
     tcfg.validate()
     device = resolve_device(cfg.device.type)
+    attention.check_trainable(cfg.model.attention, device, cfg.model.dropout)
     precision = resolve_precision(cfg.precision, device)
     d, device = distributed.setup(device)
     try:

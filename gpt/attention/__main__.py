@@ -1,0 +1,33 @@
+"""``python -m gpt.attention [device]``: the kernels, which run on this device, and what each supports."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from gpt.attention import support
+from gpt.device import resolve_device
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    device = resolve_device(argv[0] if argv else "auto")
+    print(f"attention kernels on {device} (torch {torch.__version__}); each option tried on tiny tensors:\n")
+    rows = support.support_table(device)
+    columns = ["kernel", *support.OPTIONS, "backends"]
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(row[c].ljust(widths[c]) for c in columns))
+    print()
+    for row in rows:
+        print(f"{row['kernel']}: {row['about']}")
+        for option, reason in row["why"].items():
+            print(f"    no {option}: {reason}")
+    print("\nforward/backward: inference / training; gqa: fewer key-value heads; window: sliding window;"
+          "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""FlexAttention: the masking rules written as a ``mask_mod`` function, compiled into a block-sparse kernel.
+
+create_block_mask evaluates the mask_mod once per (query block, key block) to find blocks that are
+fully masked (skipped), full (no mask needed) or partial; the kernel then visits only live blocks.
+A sliding window therefore costs O(T * window), not O(T^2). On CUDA the kernel is torch.compile'd;
+on CPU we run it eagerly (compiling takes tens of seconds there) and torch has no CPU backward, so
+attention=flex samples on a CPU but trains only on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
+
+from gpt.attention.masks import check_window
+from gpt.attention.registry import register
+
+NO_CPU_BACKWARD = (
+    "attention=flex has no backward pass on CPU (a torch limitation): run it under torch.no_grad() "
+    "to sample, train it on a CUDA GPU, or pick another kernel (e.g. attention=sdpa) to train on CPU"
+)
+
+
+def causal_mod(offset: int):
+    """Key j is at or before the query's position i + offset (bottom-right alignment)."""
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    return causal
+
+
+def window_mod(offset: int, window: int):
+    """Key j is among the query's last ``window`` positions."""
+
+    def in_window(b, h, q_idx, kv_idx):
+        return kv_idx > q_idx + offset - window
+
+    return in_window
+
+
+def tensor_mod(mask: Tensor, t_q: int, t_k: int):
+    """Look the answer up in a bool mask broadcastable to (B, H, Tq, Tk)."""
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    per_batch, per_head = mask.size(0) > 1, mask.size(1) > 1
+    mask = mask.expand(mask.size(0), mask.size(1), t_q, t_k)  # e.g. key padding (B, 1, 1, Tk): a view
+
+    def lookup(b, h, q_idx, kv_idx):
+        return mask[b if per_batch else 0, h if per_head else 0, q_idx, kv_idx]
+
+    return lookup
+
+
+def block_mask(
+    batch: int, heads: int, t_q: int, t_k: int, causal: bool, window: int | None, mask: Tensor | None, device
+) -> BlockMask | None:
+    """The BlockMask for these rules, or None when every query may see every key."""
+    if mask is None:
+        return _rule_block_mask(t_q, t_k, causal, window, str(device))
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention mask must be bool (True = may attend), got {mask.dtype}")
+    mods = [tensor_mod(mask, t_q, t_k)]
+    if causal:
+        mods.append(causal_mod(t_k - t_q))
+    if window is not None:
+        mods.append(window_mod(t_k - t_q, window))
+    b = batch if mask.dim() == 4 and mask.size(0) > 1 else None
+    h = heads if mask.dim() >= 3 and mask.size(-3) > 1 else None
+    return create_block_mask(and_masks(*mods), b, h, t_q, t_k, device=device)
+
+
+@functools.lru_cache(maxsize=32)
+def _rule_block_mask(t_q: int, t_k: int, causal: bool, window: int | None, device: str) -> BlockMask | None:
+    """Causal / window block masks depend only on the shape: build each once, reuse it in every layer."""
+    if not causal:
+        return None
+    mods = [causal_mod(t_k - t_q)]
+    if window is not None:
+        mods.append(window_mod(t_k - t_q, window))
+    return create_block_mask(and_masks(*mods), None, None, t_q, t_k, device=device)
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention)  # shapes that vary (sampling) become dynamic after one recompile
+
+
+@register("flex")
+def flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = True,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    window: int | None = None,
+) -> Tensor:
+    """torch.nn.attention.flex_attention with a block mask built from the causal, window and mask rules.
+
+    A query with nothing to attend to gets zeros (flex's own convention). No attention dropout.
+    """
+    if dropout_p > 0.0:
+        raise ValueError("attention=flex has no dropout on the attention weights; use model.dropout=0 or another kernel")
+    check_window(window, causal)
+    if not torch.is_grad_enabled():  # torch refuses CPU inputs that merely require grad, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    elif q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError(NO_CPU_BACKWARD)
+    rules = block_mask(q.size(0), q.size(1), q.size(-2), k.size(-2), causal, window, mask, q.device)
+    gqa = q.size(1) != k.size(1)
+    if q.device.type == "cuda":
+        return _compiled_flex()(q, k, v, block_mask=rules, scale=scale, enable_gqa=gqa)
+    with warnings.catch_warnings():  # eager is what we want off-GPU; skip torch's "use torch.compile" advice
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return flex_attention(q, k, v, block_mask=rules, scale=scale, enable_gqa=gqa)

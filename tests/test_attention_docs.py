@@ -1,0 +1,42 @@
+"""docs/attention.md runs: its python blocks are executed in order, and the numbers it quotes are checked."""
+
+import re
+from pathlib import Path
+
+import torch
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "attention.md"
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def test_the_doc_runs_and_its_numbers_hold(capsys):
+    text = DOC.read_text()
+    blocks = python_blocks(text)
+    assert len(blocks) >= 12
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"{DOC.name}[block {i}]", "exec"), namespace)
+    expected = {
+        "journey_scores": [0.9544, 1.4950, 1.4754, 0.8434, 0.7070, 1.0865],
+        "journey_weights": [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581],
+        "journey_context": [0.4419, 0.6515, 0.5683],
+    }
+    out = capsys.readouterr().out
+    for name, values in expected.items():
+        torch.testing.assert_close(namespace[name], torch.tensor(values), atol=5e-5, rtol=0, msg=lambda m: f"{name}: {m}")
+        printed = "tensor([" + ", ".join(f"{x:.4f}" for x in values) + "])"
+        assert printed in out and f"# {printed}" in text, name  # printed as the doc says it is
+    assert "76.6% of the 128x128 blocks are skipped" in out
+    assert "torch.Size([96, 32]) torch.Size([48, 32])" in out
+
+
+def test_the_kernel_table_lists_every_kernel():
+    from gpt import attention
+
+    table = DOC.read_text().split("## Kernels")[1].split("\n## ")[0]
+    listed = re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
+    assert listed == ["manual", "einsum", "heads", "sdpa", "flex"]
+    assert sorted(listed) == attention.available()
