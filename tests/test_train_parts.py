@@ -54,8 +54,10 @@ def test_shape_differences_name_fields_but_allow_dropout_and_kernel():
     assert checkpoint.shape_differences(saved, same_shape) == []
     other = GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=50).to_dict()
     assert checkpoint.shape_differences(saved, other) == ["model.n_layer is 2 in the checkpoint but 3 now"]
-    newer = {**saved, "n_kv_head": 1}
-    assert checkpoint.shape_differences(saved, newer) == ["model.n_kv_head is '(not set)' in the checkpoint but 1 now"]
+    gqa = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, n_kv_head=1, window=8).to_dict()
+    assert checkpoint.shape_differences(saved, gqa) == ["model.n_kv_head is 2 in the checkpoint but 1 now"]
+    newer = {**saved, "new_field": 1}
+    assert checkpoint.shape_differences(saved, newer) == ["model.new_field is '(not set)' in the checkpoint but 1 now"]
 
 
 def test_first_signal_asks_to_stop_a_repeat_is_the_same_request_a_later_one_exits_at_once(monkeypatch):
@@ -75,20 +77,27 @@ def test_first_signal_asks_to_stop_a_repeat_is_the_same_request_a_later_one_exit
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_attention_maps_are_causal_distributions_that_reproduce_the_layer_output():
+@pytest.mark.parametrize("options", [{}, {"n_kv_head": 2, "pos_embedding": "rope", "window": 4}],
+                         ids=["gpt2", "gqa-rope-window"])
+def test_attention_maps_are_causal_distributions_that_reproduce_the_layer_output(options):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=40)).eval()
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=40, **options)).eval()
     idx = torch.randint(40, (1, 10))
     maps = attention_maps(model, idx, layer=1)
     assert maps.shape == (4, 10, 10)
     torch.testing.assert_close(maps.sum(-1), torch.ones(4, 10))
     assert torch.all(maps.triu(1) == 0)
+    if "window" in options:
+        band = torch.ones(10, 10, dtype=torch.bool).tril() & ~torch.ones(10, 10, dtype=torch.bool).tril(-4)
+        assert torch.all(maps[:, ~band] == 0) and torch.all(maps[:, band] > 0)  # keys i-3 .. i
     # weights @ v, heads side by side, through c_proj: the attention block's own output
     attn = model.transformer.h[1].attn
     seen = {}
     attn.register_forward_hook(lambda m, args, out: seen.update(x=args[0], out=out))
     model(idx)
-    v = attn.c_attn(seen["x"]).split(32, dim=2)[2].view(1, 10, 4, 8).transpose(1, 2)
+    n_kv_head = model.config.n_kv_head
+    v = attn.c_attn(seen["x"]).split([32, 8 * n_kv_head, 8 * n_kv_head], dim=2)[2]
+    v = v.view(1, 10, n_kv_head, 8).transpose(1, 2).repeat_interleave(4 // n_kv_head, dim=1)
     y = (maps.unsqueeze(0) @ v).transpose(1, 2).reshape(1, 10, 32)
     torch.testing.assert_close(attn.c_proj(y), seen["out"], rtol=1e-5, atol=1e-6)
 

@@ -187,16 +187,28 @@ def test_failed_write_then_kill_in_a_save_then_sigterm_and_three_resumes_end_bit
     assert len(list((run_dir / ".hydra").glob("resume-*/config.yaml"))) >= 1
 
 
-def test_resume_refuses_another_model_shape_and_a_fresh_run_refuses_a_used_out_dir(reference, data_args):
+def test_resume_refuses_another_model_shape_naming_the_fields(reference, data_args):
     run_dir, _ = reference
     before = (run_dir / "ckpt.pt").read_bytes()
     shape = train(*RUN, *data_args, f"out_dir={run_dir}", "resume=true", "model.n_layer=3", "model.n_embd=64")
     assert shape.returncode == 2 and "Traceback" not in shape.stderr
     assert shape.stderr.startswith("error: cannot resume")
     assert "model.n_embd is 32 in the checkpoint but 64 now" in shape.stderr and "model.n_layer is 2" in shape.stderr
-    again = train(*RUN, *data_args, f"out_dir={run_dir}")
-    assert again.returncode == 2 and "already holds a checkpoint" in again.stderr and "resume=true" in again.stderr
     assert (run_dir / "ckpt.pt").read_bytes() == before
+
+
+def test_a_fresh_run_refuses_an_out_dir_that_holds_a_checkpoint(reference):
+    from gpt.errors import UserError
+    from gpt.train import checkpoint
+
+    run_dir, _ = reference
+    state = load(run_dir)
+    with pytest.raises(UserError, match="already holds a checkpoint") as err:
+        checkpoint.resume_state(run_dir, False, state["model_config"], state["config"], print)
+    assert "resume=true" in err.value.hint
+    notes = []
+    resumed = checkpoint.resume_state(run_dir, True, state["model_config"], {**state["config"], "seed": 7}, notes.append)
+    assert resumed["step"] == 12 and notes == ["note: resuming with changed settings: seed: 1337 -> 7"]
 
 
 def test_non_finite_loss_is_skipped_then_stops_without_saving_it(data_args, tmp_path):

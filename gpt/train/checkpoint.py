@@ -75,11 +75,11 @@ def load(path: Path) -> dict[str, Any]:
 
 
 # Model-config fields that may change when resuming: they change neither parameter names nor shapes.
-RESUMABLE_MODEL_FIELDS = ("dropout", "attention")
+RESUMABLE_MODEL_FIELDS = ("dropout", "attention", "attention_backend", "window")
 
 
 def shape_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The model-config fields (other than dropout and the kernel) that differ, as readable phrases."""
+    """The model-config fields that differ (but those of RESUMABLE_MODEL_FIELDS), as readable phrases."""
     missing = "(not set)"
     keys = sorted((set(saved) | set(current)) - set(RESUMABLE_MODEL_FIELDS))
     return [

@@ -1,10 +1,10 @@
 """What TensorBoard shows besides scalars: the config, text samples, and one layer's attention maps.
 
 The fused kernels (sdpa, flash) never materialise the attention weights, so they are recomputed here
-from the layer's own q/k projection: softmax(q k^T / sqrt(head_dim)) under the causal mask. This file
-reads the model's modules (transformer.h[i].attn.c_attn) and assumes their current layout: c_attn's
-output is q, k, v side by side, n_embd wide each, n_head heads apiece. A model with grouped key/value
-heads or rotary embeddings needs the split (and the rotation of q, k) adapted in ``_query_key`` only.
+from the layer's own q/k projection: softmax(q k^T / sqrt(head_dim)) under the causal mask (and the
+sliding window, if any). This file reads the model's modules (transformer.h[i].attn.c_attn) and knows
+their layout: c_attn's output is q (n_head heads), k and v (n_kv_head heads each) side by side, and
+with pos_embedding=rope q and k are rotated before the product. Only ``_query_key`` depends on it.
 """
 
 from __future__ import annotations
@@ -21,20 +21,30 @@ from gpt.sampling import prompt_ids
 from gpt.train.checkpoint import flatten
 
 
-def _query_key(attn: nn.Module, x: Tensor, n_head: int) -> tuple[Tensor, Tensor]:
-    """q and k, each (B, n_head, T, head_dim), from the input x (B, T, C) of an attention module."""
+def _query_key(model: nn.Module, layer: int, x: Tensor) -> tuple[Tensor, Tensor]:
+    """q and k, each (B, n_head, T, head_dim), from the input x (B, T, C) of one layer's attention."""
+    cfg = model.config
     B, T, C = x.shape
-    q, k, _ = attn.c_attn(x).split(C, dim=2)
-    q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
-    k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
-    return q, k
+    n_kv_head = getattr(cfg, "n_kv_head", None) or cfg.n_head
+    kv_dim = n_kv_head * cfg.head_dim
+    q, k, _ = model.transformer.h[layer].attn.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+    q = q.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
+    k = k.view(B, T, n_kv_head, cfg.head_dim).transpose(1, 2)
+    if getattr(cfg, "pos_embedding", "learned") == "rope":
+        from gpt.attention.rope import apply_rope, rope_angles
+
+        cos, sin = rope_angles(torch.arange(T, device=x.device), cfg.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    # grouped-query attention: query head h reads key head h // (n_head // n_kv_head)
+    return q, k.repeat_interleave(cfg.n_head // n_kv_head, dim=1)
 
 
 @torch.no_grad()
 def attention_maps(model: nn.Module, idx: Tensor, layer: int) -> Tensor:
     """Attention weights of every head of one layer for token ids idx (1, T): a (n_head, T, T) tensor.
 
-    Row i is query position i's distribution over key positions 0..i (zeros above the diagonal).
+    Row i is query position i's distribution over key positions 0..i (zeros above the diagonal, and
+    before the sliding window where the model has one).
     """
     blocks = model.transformer.h
     if not 0 <= layer < len(blocks):
@@ -49,12 +59,15 @@ def attention_maps(model: nn.Module, idx: Tensor, layer: int) -> Tensor:
     finally:
         hook.remove()
         model.train(was_training)
-    q, k = _query_key(blocks[layer].attn, captured["x"].float(), model.config.n_head)
+    q, k = _query_key(model, layer, captured["x"].float())
     T = idx.size(1)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    return torch.softmax(scores, dim=-1)[0]
+    i = torch.arange(T, device=scores.device)
+    allowed = i[None, :] <= i[:, None]
+    window = getattr(model.config, "window", None)
+    if window is not None:
+        allowed &= i[None, :] > i[:, None] - window
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)[0]
 
 
 def attention_figure(maps: Tensor, tokens: list[str], title: str):
