@@ -331,16 +331,18 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
                 loss_sum += loss.detach().float()
             scaler.unscale_(optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip or math.inf)
-            # one agreement per step: mean loss, any non-finite value, any stop signal
-            bad_grad = precision != "fp16" and not torch.isfinite(grad_norm)  # fp16: the GradScaler skips those
+            # one agreement per step (and one host sync): mean loss, any non-finite value, any stop signal
+            nonfinite = ~torch.isfinite(loss_sum)
+            if precision != "fp16":  # with fp16 the GradScaler skips overflowing gradients itself
+                nonfinite |= ~torch.isfinite(grad_norm)
             stats = torch.stack([
                 loss_sum / tcfg.grad_accum,
-                (~torch.isfinite(loss_sum) | torch.as_tensor(bad_grad, device=device)).float(),
+                nonfinite.float(),
                 torch.tensor(float(stop_request.requested is not None), device=device),
             ])
             distributed.all_reduce_sum(stats, d)
-            train_loss, nonfinite, signalled = stats[0].item() / d.world_size, stats[1].item() > 0, stats[2].item() > 0
-            grad_norm_f = grad_norm.item()
+            loss_total, nonfinite_count, signal_count, grad_norm_f = torch.cat([stats, grad_norm.reshape(1).float()]).tolist()
+            train_loss, nonfinite, signalled = loss_total / d.world_size, nonfinite_count > 0, signal_count > 0
             if nonfinite:
                 what = f"loss {train_loss}" if not math.isfinite(train_loss) else f"gradient norm {grad_norm_f}"
                 optimizer.zero_grad(set_to_none=True)
