@@ -23,7 +23,7 @@ RUN = ["model=tiny", "model.dropout=0.1", "device=cpu", "train.max_iters=12", "t
        "train.eval_iters=2", "train.batch_size=4", "train.grad_accum=2", "train.log_interval=2",
        "train.warmup_iters=2", "train.sample_tokens=8"]
 
-# Runs the real script in-process after executing argv[1]: the fault to inject (kill tests only).
+# Runs the real script in-process after executing argv[1]: the fault to inject.
 FAULT_RUNNER = "import runpy, sys; exec(sys.argv[1]); script = sys.argv[2]; sys.argv = sys.argv[2:]; runpy.run_path(script, run_name='__main__')"
 
 SCRIPT = ROOT / "scripts" / "train.py"
