@@ -42,6 +42,7 @@ class TrainApp:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     seed: int = 1337
     out_dir: str = MISSING
+    resume: bool = False  # continue the run in out_dir from its ckpt.pt
 
 
 @dataclass

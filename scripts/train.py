@@ -1,24 +1,54 @@
-"""Train a GPT: python scripts/train.py [model=small] [attention=sdpa] [data=stdlib_char] [key=value ...]"""
+"""Train a GPT: python scripts/train.py [model=small] [attention=sdpa] [data=stdlib_char] [key=value ...]
+
+Resume a run: add out_dir=<run dir> resume=true. Several processes: torchrun --nproc_per_node=N scripts/train.py ...
+"""
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from gpt.cli import report_user_errors
+from gpt.errors import UserError
 from gpt.schema import register
+from gpt.train.distributed import hydra_overrides_for_rank
 
 register()
+sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
+if any(arg.lower() == "resume=true" for arg in sys.argv[1:]) and not any(a.startswith("hydra.output_subdir=") for a in sys.argv):
+    # keep the run's original .hydra/ config; each resume records its own beside it
+    sys.argv.append("hydra.output_subdir=.hydra/resume-${now:%Y-%m-%d_%H-%M-%S}")
+
+
+def script_path() -> str:
+    path = Path(__file__).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 @hydra.main(config_path="../configs", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
     from gpt.train.loop import train
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    report_user_errors(lambda: train(cfg, run_dir, log=logging.getLogger("train").info))
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+
+    def run():
+        if hydra_cfg.mode == RunMode.MULTIRUN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError("a Hydra multirun (-m) cannot run under torchrun", hint="launch one torchrun per configuration")
+        return train(cfg, run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
+                     script=script_path())
+
+    summary = report_user_errors(run)
+    if summary.interrupted:
+        sys.exit(0)  # a stop signal ends a sweep too, not only its current job
 
 
 if __name__ == "__main__":

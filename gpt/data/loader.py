@@ -40,8 +40,15 @@ class TokenData:
         self, split: str, batch_size: int, block_size: int, generator: torch.Generator, device: torch.device
     ) -> tuple[Tensor, Tensor]:
         """batch_size random windows: inputs x and next-token targets y, both (batch_size, block_size)."""
+        return self.windows(split, self.random_starts(split, batch_size, block_size, generator), block_size, device)
+
+    def random_starts(self, split: str, batch_size: int, block_size: int, generator: torch.Generator) -> list[int]:
+        """Start offsets of batch_size random windows; drawing them is all that advances the generator."""
+        return torch.randint(len(self.splits[split]) - block_size, (batch_size,), generator=generator).tolist()
+
+    def windows(self, split: str, starts: list[int], block_size: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """The windows at ``starts``: inputs x and next-token targets y, both (len(starts), block_size)."""
         data = self.splits[split]
-        starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
         window = np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64)
         xy = torch.from_numpy(window)
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()

@@ -25,7 +25,9 @@ class TrainConfig:
     eval_interval: int = 400
     eval_iters: int = 40
     log_interval: int = 10
-    sample_tokens: int = 200  # length of the sample printed at the end (0: none)
+    sample_tokens: int = 200  # length of the samples (TensorBoard at each eval, log at the end; 0: none)
+    compile: bool = False  # wrap the model in torch.compile (eager, with one message, where unavailable)
+    skip_nonfinite: int = 0  # steps with a NaN/Inf loss or gradient norm that may be skipped before stopping
 
     def validate(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
@@ -36,5 +38,7 @@ class TrainConfig:
             raise ConfigError(f"train.learning_rate must be positive, got {self.learning_rate}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
             raise ConfigError(f"train.min_lr must be in [0, learning_rate], got {self.min_lr}")
+        if self.skip_nonfinite < 0:
+            raise ConfigError(f"train.skip_nonfinite must not be negative, got {self.skip_nonfinite}")
         if self.warmup_iters < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ConfigError("train.warmup_iters, train.grad_clip and train.weight_decay must not be negative")

@@ -1,0 +1,118 @@
+"""Data parallelism through torchrun: process-group setup, rank helpers, and agreement between ranks.
+
+torchrun sets RANK, LOCAL_RANK and WORLD_SIZE for every process it starts (and MASTER_ADDR/PORT or its
+rendezvous for the process group). Without them this is a single process and every helper is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpt.errors import UserError
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process stands among the ranks of a run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only process that logs and writes files."""
+        return self.rank == 0
+
+
+def env_rank() -> int:
+    """This process's global rank as torchrun announced it (0 when not launched by torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def hydra_overrides_for_rank() -> list[str]:
+    """Extra Hydra overrides for ranks > 0, so that they create no run directory, config copy or log file.
+
+    Every rank composes the same config, but ``${now:...}`` in out_dir may differ between them by a second;
+    rank 0's run directory is the one all ranks use (it is broadcast in :func:`shared_run_dir`).
+    """
+    if env_rank() == 0:
+        return []
+    return ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+
+
+def setup(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the process group when launched by torchrun: NCCL on CUDA (one GPU per local rank), gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Dist(), device
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible)",
+                hint="start at most one process per GPU: torchrun --nproc_per_node=<number of GPUs>",
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    elif device.type == "cpu":
+        backend = "gloo"
+    else:
+        raise UserError(f"distributed training runs on CUDA (nccl) or CPU (gloo), not {device.type}",
+                        hint="use device=cuda or device=cpu with torchrun")
+    dist.init_process_group(backend=backend)
+    return Dist(rank=rank, local_rank=local_rank, world_size=world_size), device
+
+
+def cleanup(d: Dist) -> None:
+    if d.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor, d: Dist) -> torch.Tensor:
+    """Sum a tensor over ranks, in place (unchanged in a single process)."""
+    if d.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def agree(flags: list[bool], device: torch.device, d: Dist) -> list[bool]:
+    """Each flag becomes True on every rank if it is True on any rank: stop decisions are taken together."""
+    if not d.enabled:
+        return flags
+    t = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def broadcast(obj: Any, d: Dist) -> Any:
+    """Rank 0's object, on every rank (pickled in memory: only between our own processes)."""
+    if not d.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(obj: Any, d: Dist) -> list[Any]:
+    """Every rank's object, in rank order, on every rank."""
+    if not d.enabled:
+        return [obj]
+    out: list[Any] = [None] * d.world_size
+    dist.all_gather_object(out, obj)
+    return out
