@@ -13,24 +13,10 @@ from omegaconf import DictConfig
 
 from gpt import pretrained
 from gpt import tokenizer as tok
-from gpt.config import GPTConfig
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.sampling import check_sampling, prompt_ids, stream
-from gpt.train import checkpoint
-
-
-def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTConfig, dict, dict]:
-    """GPTConfig, state dict and tokenizer description from any model source ``ckpt`` can name:
-    a run directory or .pt checkpoint, a folder written by scripts/export.py, or gpt2* (OpenAI's weights)."""
-    if str(ckpt) in pretrained.GPT2_SIZES:
-        config, state = pretrained.load_gpt2(str(ckpt), init_path)
-        return config, state, pretrained.GPT2_TOKENIZER
-    if pretrained.is_export(ckpt):
-        return pretrained.load_export(ckpt)
-    payload = checkpoint.load(checkpoint.resolve(ckpt))
-    return GPTConfig.from_dict(payload["model_config"]), payload["model"], payload["tokenizer"]
 
 
 def load_model(
@@ -44,7 +30,7 @@ def load_model(
 
     ``backend`` (sdpa's attention.backend) is a choice for this run: the one training used is not restored.
     """
-    config, state, tokenizer = load_weights(ckpt, init_path)
+    config, state, tokenizer = pretrained.load_weights(ckpt, init_path)
     config = replace(config, attention=attention or config.attention, attention_backend=backend)
     model = GPT(config)
     model.load_state_dict(state)

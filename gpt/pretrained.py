@@ -12,6 +12,7 @@ from torch import Tensor
 from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.tokenizer import GPT2_ENCODING
+from gpt.train import checkpoint
 
 GPT2_SIZES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
@@ -121,3 +122,15 @@ def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
     state = _safetensors().load_file(str(path / "model.safetensors"))
     state["lm_head.weight"] = state["transformer.wte.weight"]
     return GPTConfig.from_dict(meta["model_config"]), state, meta["tokenizer"]
+
+
+def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTConfig, dict, dict]:
+    """GPTConfig, state dict and tokenizer description from any model source ``ckpt`` can name:
+    a run directory or .pt checkpoint, a folder written by scripts/export.py, or gpt2* (OpenAI's weights)."""
+    if str(ckpt) in GPT2_SIZES:
+        config, state = load_gpt2(str(ckpt), init_path)
+        return config, state, GPT2_TOKENIZER
+    if is_export(ckpt):
+        return load_export(ckpt)
+    payload = checkpoint.load(checkpoint.resolve(ckpt))
+    return GPTConfig.from_dict(payload["model_config"]), payload["model"], payload["tokenizer"]

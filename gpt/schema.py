@@ -43,6 +43,8 @@ class TrainApp:
     seed: int = 1337
     out_dir: str = MISSING
     resume: bool = False  # continue the run in out_dir from its ckpt.pt
+    init_from: Optional[str] = None  # start from weights: gpt2* (OpenAI's), a run directory, .pt file or export
+    init_path: Optional[str] = None  # with init_from=gpt2*: a local Hugging Face folder or .safetensors file
 
 
 @dataclass

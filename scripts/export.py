@@ -14,11 +14,10 @@ register()
 @hydra.main(config_path="../configs", config_name="export", version_base=None)
 def main(cfg: DictConfig) -> None:
     from gpt import pretrained
-    from gpt.generate import load_weights
     from gpt.train import checkpoint
 
     def export() -> Path:
-        config, state, tokenizer = load_weights(cfg.ckpt)
+        config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
         out = cfg.out or checkpoint.resolve(cfg.ckpt).parent / "export"
         return pretrained.export(state, config, tokenizer, out)
 

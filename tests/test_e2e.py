@@ -12,7 +12,7 @@ TINY_RUN = ["model=tiny", "train.max_iters=30", "train.eval_interval=15", "train
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, ):
+def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -97,3 +97,26 @@ def test_prepare_script(tmp_path, text_dir):
     result = run_script("prepare", "data=text", f"data.path={text_dir}", f"data.root={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "text" / "train.bin").exists() and "ready:" in result.stdout
+
+
+def test_fine_tuning_starts_from_exported_weights_and_checks_the_tokenizer(trained, tmp_path):
+    import re
+
+    root, run_dir, result = trained
+    exported = run_script("export", f"ckpt={run_dir / 'ckpt.pt'}", f"out={tmp_path / 'export'}")
+    assert exported.returncode == 0, exported.stderr
+    data = [f"data.path={root / 'corpus'}", f"data.root={root / 'data'}"]
+    tuned = run_script("train", *TINY_RUN, "train.max_iters=2", "data=text", *data, f"init_from={tmp_path / 'export'}",
+                       "model.n_layer=7", f"out_dir={tmp_path / 'tuned'}")
+    assert tuned.returncode == 0, tuned.stderr
+    log = tuned.stdout + tuned.stderr
+    final_val = re.findall(r"step 30: train loss [\d.]+, val loss ([\d.]+)", result.stdout + result.stderr)
+    assert f"step 0: train loss" in log and re.search(rf"step 0: train loss [\d.]+, val loss {final_val[0]}", log)
+    assert "2 layers" in log  # the architecture comes from the weights, not model.n_layer=7
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "t.txt").write_text("a completely different alphabet: QXZ! " * 40)
+    refused = run_script("train", *TINY_RUN, "data=text", f"data.path={other}", "data.name=other",
+                         f"data.root={root / 'data'}", f"init_from={run_dir}", f"out_dir={tmp_path / 'refused'}")
+    assert refused.returncode == 2 and "uses a different tokenizer" in refused.stderr
+    assert "Traceback" not in refused.stderr

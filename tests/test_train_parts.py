@@ -16,7 +16,7 @@ from gpt.model import GPT
 from gpt.train import checkpoint, distributed, metrics
 from gpt.train.loop import maybe_compile, resume_command
 from gpt.train.signals import StopRequest
-from gpt.train.visuals import attention_maps
+from gpt.visualize import attention_maps
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_says_why(tmp_path, monkeypatch):
@@ -83,7 +83,7 @@ def test_attention_maps_are_causal_distributions_that_reproduce_the_layer_output
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=40, **options)).eval()
     idx = torch.randint(40, (1, 10))
-    maps = attention_maps(model, idx, layer=1)
+    maps = attention_maps(model, idx)[1]
     assert maps.shape == (4, 10, 10)
     torch.testing.assert_close(maps.sum(-1), torch.ones(4, 10))
     assert torch.all(maps.triu(1) == 0)

@@ -17,7 +17,7 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from gpt import attention
+from gpt import attention, pretrained
 from gpt.config import GPTConfig
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
@@ -174,6 +174,19 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
         data_dir = prepare(data_cfg, log=lambda msg: None)
     data = TokenData(data_dir)
     mcfg: GPTConfig = model_config(cfg.model, data.tokenizer.vocab_size)
+    init_state = None
+    if cfg.init_from:  # fine-tuning: the architecture comes with the weights, dropout and kernel from this run
+        init_config, init_state, init_tokenizer = pretrained.load_weights(cfg.init_from, cfg.init_path)
+        if init_tokenizer != data.tokenizer.to_meta():  # every rank sees the same: a Stop all agree on
+            raise Stop(
+                f"init_from={cfg.init_from} uses a different tokenizer ({init_tokenizer.get('kind')}, "
+                f"{init_tokenizer.get('vocab_size')} tokens) than the data {data_dir} "
+                f"({data.tokenizer.kind}, {data.tokenizer.vocab_size} tokens)",
+                hint="prepare the data with the model's tokenizer (e.g. data.tokenizer=gpt2 for GPT-2 weights)",
+            )
+        mcfg = replace(init_config, dropout=mcfg.dropout, attention=mcfg.attention,
+                       attention_backend=mcfg.attention_backend)
+        log(f"initialised from {cfg.init_from}: model.* sizes come from its weights")
     data.check_block_size(mcfg.block_size)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
@@ -212,7 +225,9 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
         step, evaluated, best_val = state["step"], state["evaluated"], state["best_val_loss"]
         skipped, last_eval = state["skipped"], state["eval"]
         log(f"resumed from {run_dir / checkpoint.LATEST} at step {step}")
-    del state
+    elif init_state is not None:
+        raw_model.load_state_dict(init_state)
+    del state, init_state
 
     model = maybe_compile(raw_model, tcfg.compile, device, log)  # for evaluation: no DDP collectives
     train_model = DDP(model, device_ids=[d.local_rank] if device.type == "cuda" else None) if d.enabled else model
