@@ -20,9 +20,6 @@ from gpt.train.distributed import hydra_overrides_for_rank
 
 register()
 sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
-if any(arg.lower() == "resume=true" for arg in sys.argv[1:]) and not any(a.startswith("hydra.output_subdir=") for a in sys.argv):
-    # keep the run's original .hydra/ config; each resume records its own beside it
-    sys.argv.append("hydra.output_subdir=.hydra/resume-${now:%Y-%m-%d_%H-%M-%S}")
 
 
 def script_path() -> str:
@@ -38,7 +35,8 @@ def main(cfg: DictConfig) -> None:
     from gpt.train.loop import train
 
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
+    # a single run goes to out_dir; each job of a multirun (-m) to its numbered folder below it
+    run_dir = Path(cfg.out_dir if hydra_cfg.mode == RunMode.RUN else hydra_cfg.runtime.output_dir)
 
     def run():
         if hydra_cfg.mode == RunMode.MULTIRUN and int(os.environ.get("WORLD_SIZE", "1")) > 1:

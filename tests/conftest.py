@@ -40,16 +40,19 @@ def text_dir(tmp_path: Path) -> Path:
 
 
 def run_script(
-    name: str, *args: str, cwd: Path | None = None, timeout: int = 300, input: str | None = None
+    name: str, *args: str, cwd: Path | None = None, timeout: int = 300, input: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run scripts/<name>.py with args, as a user would, capturing its output."""
+    """Run scripts/<name>.py with args, as a user would, capturing its output; env adds variables."""
     # PYTHONPATH: the scripts import this checkout's gpt package, whatever else is installed.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("HYDRA_FULL_ERROR", None)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args],
         cwd=cwd or ROOT,
-        env=env,
+        env=full_env,
         input=input,
         capture_output=True,
         text=True,

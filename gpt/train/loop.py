@@ -136,6 +136,31 @@ def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
     return " ".join([launch, script, *map(shlex.quote, keep), shlex.quote(f"out_dir={run_dir}"), "resume=true"])
 
 
+def file_logged(log: Callable[[str], None], path: Path) -> Callable[[str], None]:
+    """``log`` that also appends each message to ``path`` (the run's train.log)."""
+
+    def both(message: str) -> None:
+        log(message)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(message + "\n")
+
+    return both
+
+
+def record_config(run_dir: Path, cfg: DictConfig, overrides: list[str], resumed: bool) -> None:
+    """Save the composed config and the command-line overrides in run_dir/.hydra/ (a resume in a subfolder).
+
+    Written here, once the config has passed every check, rather than by Hydra at start-up: a
+    mistyped command aimed at an existing run must not overwrite that run's record.
+    """
+    folder = run_dir / ".hydra"
+    if resumed:
+        folder = folder / time.strftime("resume-%Y-%m-%d_%H-%M-%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(overrides)), folder / "overrides.yaml")
+
+
 def train(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print, overrides: list[str] | None = None,
           script: str = "scripts/train.py") -> Summary:
     """Train the model described by a composed train config, writing everything into run_dir.
@@ -235,7 +260,8 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
 
     writer = None
     if d.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        record_config(run_dir, cfg, overrides, resumed)
+        log = file_logged(log, run_dir / "train.log")
         # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
         writer = SummaryWriter(log_dir=str(run_dir), purge_step=step + 1 if resumed else None)
         visuals.log_config(writer, cfg, resolved)
@@ -447,11 +473,21 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
 
 
 def _resume_state(cfg: DictConfig, run_dir: Path, mcfg: GPTConfig, resolved: dict, log) -> dict | Stop | None:
-    """Rank 0: the state to resume from (None: start afresh), or the Stop that refuses (sent to all ranks)."""
+    """Rank 0: the state to resume from (None: start afresh), or the Stop that refuses (sent to all ranks).
+
+    Also makes sure run_dir can be created and written, before anything is written there.
+    """
     try:
-        return checkpoint.resume_state(run_dir, cfg.resume, mcfg.to_dict(), resolved, log)
+        state = checkpoint.resume_state(run_dir, cfg.resume, mcfg.to_dict(), resolved, log)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(run_dir, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+        return state
     except UserError as err:
         return Stop(str(err), err.hint)
+    except OSError as err:
+        return Stop(f"out_dir {str(run_dir)!r} cannot be written: {err.strerror or err}",
+                    "choose another out_dir=, a folder you can write to")
 
 
 def _duration(seconds: float) -> str:
