@@ -30,10 +30,10 @@ class LayerCache:
         should apply (None when the cache itself holds only keys inside the window).
         """
         cache, start, T = self.parent, self.parent.length, k.size(2)
-        if key_mask is None:
-            key_mask = torch.ones(k.size(0), T, dtype=torch.bool, device=k.device)
-        elif start == 0 and self is cache.layers[0]:
+        if key_mask is not None and start == 0:
             cache.padded = True
+        if key_mask is None and cache.padded:  # new tokens after a padded prompt are all real
+            key_mask = torch.ones(k.size(0), T, dtype=torch.bool, device=k.device)
         if self.k is None:
             shape = (k.size(0), k.size(1), cache.size, k.size(3))
             self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
@@ -41,21 +41,24 @@ class LayerCache:
         if cache.window is None:  # keys in position order: slots 0..length-1
             self.k[:, :, start : start + T] = k
             self.v[:, :, start : start + T] = v
-            cache.key_mask[:, start : start + T] = key_mask
+            if key_mask is not None:
+                cache.key_mask[:, start : start + T] = key_mask
             end = start + T
             return self.k[:, :, :end], self.v[:, :, :end], cache.mask(end), None
         if start == 0:  # the prompt: attend to it directly, keep its last `window` keys
             slots = torch.arange(max(0, T - cache.size), T, device=k.device) % cache.size
             self.k[:, :, slots] = k[:, :, -cache.size :]
             self.v[:, :, slots] = v[:, :, -cache.size :]
-            cache.key_mask[:, slots] = key_mask[:, -cache.size :]
-            return k, v, key_mask if cache.padded else None, cache.window
+            if key_mask is not None:
+                cache.key_mask[:, slots] = key_mask[:, -cache.size :]
+            return k, v, key_mask, cache.window
         if T != 1:
             raise ValueError("a sliding-window cache takes one token at a time after the prompt")
         slot = start % cache.size
         self.k[:, :, slot] = k[:, :, 0]
         self.v[:, :, slot] = v[:, :, 0]
-        cache.key_mask[:, slot] = key_mask[:, 0]
+        if key_mask is not None:
+            cache.key_mask[:, slot] = key_mask[:, 0]
         filled = min(start + 1, cache.size)
         return self.k[:, :, :filled], self.v[:, :, :filled], cache.mask(filled), None
 

@@ -164,10 +164,11 @@ def sdpa(
 def _sdpa(q, k, v, causal, mask, dropout_p, scale, window) -> Tensor:
     gqa = q.size(1) != k.size(1)
     t_q, t_k = q.size(-2), k.size(-2)
-    if mask is None and window is None and (not causal or t_q == t_k):
-        # The fast path: no explicit mask, so flash attention stays eligible.
+    if mask is None and window is None and (not causal or t_q == t_k or t_q == 1):
+        # The fast path: no explicit mask, so flash attention stays eligible. A single query (a cached
+        # decode step) sees every key under the bottom-right causal rule: nothing to mask.
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
+            q, k, v, dropout_p=dropout_p, is_causal=causal and t_q == t_k, scale=scale, enable_gqa=gqa
         )
     # torch's is_causal is top-left aligned, so Tq < Tk (a cached decode step) needs an explicit mask;
     # SDPA has no window argument, so the band is an explicit (Tq, Tk) mask too.

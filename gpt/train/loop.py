@@ -169,6 +169,7 @@ def train(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print, ov
     """
     tcfg = TrainConfig(**OmegaConf.to_container(cfg.train, resolve=True))
     tcfg.validate()
+    model_config(cfg.model, vocab_size=1)  # refuse a bad model config now, not after preparing the data
     device = resolve_device(cfg.device.type)
     attention.check_trainable(cfg.model.attention, device, cfg.model.dropout)
     precision = resolve_precision(cfg.precision, device)
