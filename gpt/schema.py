@@ -74,6 +74,7 @@ class ExportApp:
 class BenchDecodeApp:
     ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
     model: ModelSchema = field(default_factory=ModelSchema)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)  # the kernel of the random-weight model
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
     new_tokens: int = 500
