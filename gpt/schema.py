@@ -84,6 +84,25 @@ class BenchDecodeApp:
 
 
 @dataclass
+class BenchAttentionApp:
+    kernels: Optional[List[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
+    seq_lens: Optional[List[int]] = None  # default: 256..4096 on CPU, 512..16384 on CUDA
+    modes: List[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
+    batch_size: int = 1
+    n_head: int = 8
+    head_dim: int = 64
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
+    compile: bool = False  # torch.compile each kernel (one fresh compile per case)
+    warmup: int = 2  # untimed calls first (the first one also compiles)
+    repeats: int = 5
+    max_seconds: float = 30.0  # skip the longer lengths of a kernel whose timed calls would take longer
+    timeout_s: float = 300.0  # CPU: kill a case (compilation included) that runs longer
+    out_dir: str = "runs/bench_attention"
+
+
+@dataclass
 class PrepareApp:
     data: DataConfig = field(default_factory=DataConfig)
     force: bool = False
@@ -109,3 +128,4 @@ def register() -> None:
     cs.store(name="prepare_schema", node=PrepareApp)
     cs.store(name="export_schema", node=ExportApp)
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
+    cs.store(name="bench_attention_schema", node=BenchAttentionApp)
