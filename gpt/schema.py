@@ -103,6 +103,25 @@ class BenchAttentionApp:
 
 
 @dataclass
+class BenchTrainApp:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
+    vocab_size: int = 256  # unless model.vocab_size is set (e.g. 50304 for GPT-2's padded vocabulary)
+    batch_size: int = 16
+    seq_len: Optional[int] = None  # default: model.block_size
+    compile: List[bool] = field(default_factory=lambda: [False, True])
+    precisions: List[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    warmup: int = 2  # untimed steps first (the first one also compiles)
+    steps: int = 10
+    learning_rate: float = 3e-4
+    peak_tflops: Optional[float] = None  # the device's peak, for MFU where it is not in gpt.bench.train.PEAK_FLOPS
+    timeout_s: float = 300.0  # CPU: kill a variant (compilation included) that runs longer
+    out_dir: str = "runs/bench_train"
+
+
+@dataclass
 class PrepareApp:
     data: DataConfig = field(default_factory=DataConfig)
     force: bool = False
@@ -129,3 +148,4 @@ def register() -> None:
     cs.store(name="export_schema", node=ExportApp)
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
     cs.store(name="bench_attention_schema", node=BenchAttentionApp)
+    cs.store(name="bench_train_schema", node=BenchTrainApp)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing as mp
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -92,6 +93,11 @@ def compile_here(device: torch.device) -> None:
         from torch._inductor import config as inductor
 
         inductor.compile_threads = 1
+    # The compiler's tqdm would make a multiprocessing lock, which a case's short-lived process then
+    # leaks (a resource_tracker warning at exit); a thread lock does the same job here.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:
