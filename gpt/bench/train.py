@@ -132,7 +132,8 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
     for key in ("batch_size", "warmup", "steps"):
         if cfg[key] <= 0:
             raise ConfigError(f"{key} must be positive, got {cfg[key]}")
-    n_params = GPT(config).num_params()
+    with torch.device("meta"):  # count the parameters without allocating them
+        n_params = GPT(config).num_params()
     flops = flops_per_token(config, n_params, seq_len)
     variants = []
     for compile in cfg.compile:
