@@ -95,9 +95,9 @@ class BenchAttentionApp:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
     compile: bool = False  # torch.compile each kernel (one fresh compile per case)
-    warmup: int = 2  # untimed calls first (the first one also compiles)
+    warmup: int = 1  # untimed calls first (the first one also compiles)
     repeats: int = 5
-    max_seconds: float = 30.0  # skip the longer lengths of a kernel whose timed calls would take longer
+    max_seconds: float = 30.0  # once a length's calls take longer, skip the kernel's longer lengths
     timeout_s: float = 300.0  # CPU: kill a case (compilation included) that runs longer
     out_dir: str = "runs/bench_attention"
 

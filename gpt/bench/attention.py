@@ -99,11 +99,19 @@ def measure(
     first = time.perf_counter() - start
     for _ in range(warmup - 1):
         call()
+    sync(dev)
+    warm = time.perf_counter() - start
     gauge = PeakMemory(dev)
     gauge.start()
+    start = time.perf_counter()
     seconds = median_seconds(call, dev, repeats, warmup=0)
     peak = gauge.peak_bytes(tensor_bytes(*live))
-    return {"median_ms": seconds * 1e3, "first_call_ms": first * 1e3, "peak_mib": None if peak is None else peak / MIB}
+    return {
+        "median_ms": seconds * 1e3,
+        "first_call_ms": first * 1e3,
+        "peak_mib": None if peak is None else peak / MIB,
+        "calls_s": warm - first + time.perf_counter() - start,  # every call but the first (which may compile)
+    }
 
 
 def check(cfg: DictConfig, device: torch.device) -> tuple[list[str], list[int], list[str]]:
@@ -148,16 +156,13 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
 
 
 def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: torch.device, log) -> list[Result]:
-    """One kernel and mode over the lengths, shortest first; once a length fails for lack of time or
-    memory, or the next one would exceed max_seconds, the longer ones are skipped (and say so)."""
-    calls = cfg.warmup + cfg.repeats
+    """One kernel and mode over the lengths, shortest first. Once a length fails for lack of time or
+    memory, or its calls took longer than max_seconds, the longer lengths are skipped (and say so)."""
     results: list[Result] = []
-    stopped, last = "", None  # last: (seq_len, seconds per call) of the latest case that ran
+    stopped = ""
     for seq_len in seq_lens:
         result = Result(kernel, mode, seq_len)
         results.append(result)
-        if not stopped and last is not None and last[1] * (seq_len / last[0]) ** 2 * calls > cfg.max_seconds:
-            stopped = f"skipped: over max_seconds={cfg.max_seconds:g} ({calls} calls, time growing as T^2 from the last length that ran)"
         if stopped:
             result.note = stopped
             continue
@@ -174,7 +179,8 @@ def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: 
             log(f"{kernel} {mode} T={seq_len}: {out['error']}")
             continue
         result.median_ms, result.first_call_ms, result.peak_mib = out["median_ms"], out["first_call_ms"], out["peak_mib"]
-        last = (seq_len, result.median_ms / 1e3)
+        if out["calls_s"] > cfg.max_seconds:
+            stopped = f"skipped: a shorter length's calls took over max_seconds={cfg.max_seconds:g}"
         log(f"{kernel} {mode} T={seq_len}: {result.median_ms:.2f} ms, {_fmt(result.peak_mib)} MiB")
     return results
 
