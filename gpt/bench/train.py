@@ -62,6 +62,7 @@ class Variant:
     ms_per_step: float | None = None
     tokens_per_s: float | None = None
     peak_mib: float | None = None
+    tflops: float | None = None  # model FLOPs per second achieved (flops_per_token x tokens/s), in TFLOP/s
     mfu: float | None = None
     first_step_s: float | None = None  # includes compilation with compile=true
     loss: float | None = None
@@ -150,15 +151,17 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
                 continue
             for key in ("ms_per_step", "tokens_per_s", "first_step_s", "peak_mib", "loss"):
                 setattr(variant, key, out[key])
+            variant.tflops = flops * variant.tokens_per_s / 1e12
             peak = peak_flops(device, out["precision"], cfg.peak_tflops)
-            variant.mfu = None if peak is None else flops * variant.tokens_per_s / peak
+            variant.mfu = None if peak is None else variant.tflops * 1e12 / peak
             log(f"compile={compile} {precision}: {variant.ms_per_step:.1f} ms/step, {variant.tokens_per_s:,.0f} tokens/s")
     where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f"{device}, {cfg.threads or torch.get_num_threads()} threads"
     header = (
         f"training benchmark: {n_params / 1e6:.2f}M parameters ({config.n_layer} layers, {config.n_head} heads, "
         f"{config.n_embd} wide, vocab {config.vocab_size}), attention={config.attention}, batch {cfg.batch_size} x "
         f"{seq_len} tokens, AdamW, device {where}, torch {torch.__version__}\n"
-        f"median of {cfg.steps} steps after {cfg.warmup} warm-up; {flops / 1e6:.1f} MFLOP per token (6N + 12 L H D T); "
+        f"median of {cfg.steps} steps after {cfg.warmup} warm-up; {flops / 1e6:.1f} MFLOP per token (6N + 12 L H D T), "
+        "model TFLOP/s = that x tokens/s; "
         + ("MFU against " + (f"peak_tflops={cfg.peak_tflops:g}" if cfg.peak_tflops else "the GPU's listed dense peak")
            if device.type == "cuda" or cfg.peak_tflops else "MFU: n/a, no known peak for a CPU (set peak_tflops=)")
         + "\n" + ("peak MiB: torch.cuda.max_memory_allocated() during the timed steps" if device.type == "cuda" else
@@ -185,7 +188,9 @@ def table(variants: list[Variant]) -> str:
 
     rows = [
         [("compile" if v.compile else "eager"), v.precision, num(v.ms_per_step, ".1f"), num(v.tokens_per_s, ",.0f"),
-         num(v.peak_mib, ".0f"), "n/a" if v.mfu is None else f"{v.mfu:.1%}", num(v.first_step_s, ".2f"), v.note]
+         num(v.peak_mib, ".0f"), num(v.tflops, ".3g"), "n/a" if v.mfu is None else f"{v.mfu:.1%}",
+         num(v.first_step_s, ".2f"), v.note]
         for v in variants
     ]
-    return markdown_table(["mode", "precision", "ms/step", "tokens/s", "peak MiB", "MFU", "first step s", "note"], rows)
+    headers = ["mode", "precision", "ms/step", "tokens/s", "peak MiB", "model TFLOP/s", "MFU", "first step s", "note"]
+    return markdown_table(headers, rows)
