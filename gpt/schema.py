@@ -86,7 +86,7 @@ class BenchDecodeApp:
 @dataclass
 class BenchAttentionApp:
     kernels: Optional[List[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
-    seq_lens: Optional[List[int]] = None  # default: 256..4096 on CPU, 512..16384 on CUDA
+    seq_lens: Optional[List[int]] = None  # default: 64..4096 on CPU, 512..16384 on CUDA
     modes: List[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
     batch_size: int = 1
     n_head: int = 8

@@ -26,7 +26,7 @@ from gpt.errors import ConfigError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = {"fwd": "forward (no_grad)", "fwd+bwd": "forward + backward (grads of q, k, v)"}
 # seq_lens=null: up to 4096 on a CPU (the quadratic kernels need seconds per call there), 16384 on a GPU.
-DEFAULT_SEQ_LENS = {"cpu": [256, 512, 1024, 2048, 4096], "cuda": [512, 1024, 2048, 4096, 8192, 16384]}
+DEFAULT_SEQ_LENS = {"cpu": [64, 128, 256, 512, 1024, 2048, 4096], "cuda": [512, 1024, 2048, 4096, 8192, 16384]}
 MEMORY_MEANING = {
     "cuda": "peak MiB: torch.cuda.max_memory_allocated() during the timed calls (inputs included)",
     "cpu": (
