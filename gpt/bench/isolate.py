@@ -29,6 +29,7 @@ def first_line(err: BaseException) -> str:
 
 
 def _status_kib(field: str) -> int | None:
+    """A field of /proc/self/status (VmRSS, VmHWM) in KiB; None where there is no such file (not Linux)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -102,6 +103,7 @@ def compile_here(device: torch.device) -> None:
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:
+    """Bytes held by these tensors' elements (the memory a case had live before its timed calls)."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
