@@ -77,6 +77,7 @@ class ExportApp:
 class BenchDecodeApp:
     ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
     model: ModelSchema = field(default_factory=ModelSchema)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)  # the kernel of the random-weight model
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
     new_tokens: int = 500
@@ -94,6 +95,44 @@ class VisualizeApp:
     head: Optional[int] = None
     out: str = "attention.png"
     device: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+@dataclass
+class BenchAttentionApp:
+    kernels: Optional[List[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
+    seq_lens: Optional[List[int]] = None  # default: 64..4096 on CPU, 512..16384 on CUDA
+    modes: List[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
+    batch_size: int = 1
+    n_head: int = 8
+    head_dim: int = 64
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
+    compile: bool = False  # torch.compile each kernel (one fresh compile per case)
+    warmup: int = 1  # untimed calls first (the first one also compiles)
+    repeats: int = 5
+    max_seconds: float = 30.0  # once a length's calls take longer, skip the kernel's longer lengths
+    timeout_s: float = 300.0  # CPU: kill a case (compilation included) that runs longer
+    out_dir: str = "runs/bench_attention"
+
+
+@dataclass
+class BenchTrainApp:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
+    vocab_size: int = 256  # unless model.vocab_size is set (e.g. 50304 for GPT-2's padded vocabulary)
+    batch_size: int = 16
+    seq_len: Optional[int] = None  # default: model.block_size
+    compile: List[bool] = field(default_factory=lambda: [False, True])
+    precisions: List[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    warmup: int = 2  # untimed steps first (the first one also compiles)
+    steps: int = 10
+    learning_rate: float = 3e-4
+    peak_tflops: Optional[float] = None  # the device's peak, for MFU where it is not in gpt.bench.train.PEAK_FLOPS
+    timeout_s: float = 300.0  # CPU: kill a variant (compilation included) that runs longer
+    out_dir: str = "runs/bench_train"
 
 
 @dataclass
@@ -123,3 +162,5 @@ def register() -> None:
     cs.store(name="export_schema", node=ExportApp)
     cs.store(name="visualize_schema", node=VisualizeApp)
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
+    cs.store(name="bench_attention_schema", node=BenchAttentionApp)
+    cs.store(name="bench_train_schema", node=BenchTrainApp)

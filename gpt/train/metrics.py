@@ -35,13 +35,13 @@ def peak_flops_for_name(name: str, precision: str) -> float | None:
     return None
 
 
-def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
+def flops_per_token(cfg: GPTConfig, n_params: int, seq_len: int | None = None) -> float:
     """Training FLOPs per token: 6 per parameter (forward + backward) plus the attention score matmuls.
 
-    The attention term, 12 * n_layer * n_embd * block_size, counts q @ k^T and att @ v (2 matmuls,
-    2 FLOPs per multiply-add, 3x for forward + backward) at full context length.
+    The attention term, 12 * n_layer * n_embd * seq_len (default block_size), counts q @ k^T and
+    att @ v (2 matmuls, 2 FLOPs per multiply-add, 3x for forward + backward) at that context length.
     """
-    return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+    return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * (seq_len or cfg.block_size)
 
 
 def mfu(tokens_per_sec_per_device: float, cfg: GPTConfig, n_params: int, peak: float | None) -> float | None:

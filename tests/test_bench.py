@@ -1,0 +1,110 @@
+"""The benchmarks through the real scripts in their quick modes, plus the pure helpers behind them."""
+
+import csv
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import ROOT, run_script
+from gpt import attention
+from gpt.bench.attention import DEFAULT_SEQ_LENS, Result, check, tables
+from gpt.train.metrics import PEAK_FLOPS, flops_per_token
+from gpt.config import GPTConfig
+from gpt.errors import ConfigError
+from gpt.schema import register
+
+register()
+
+
+@pytest.mark.slow
+def test_bench_attention_quick_mode_writes_tables_csv_and_plots(tmp_path):
+    out = tmp_path / "attention"
+    result = run_script("bench_attention", "device=cpu", "seq_lens=[64,128]", "repeats=2", "warmup=1", "threads=1",
+                        f"out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    kernels = attention.available()
+    for kernel in kernels:
+        for mode in ("fwd", "fwd+bwd"):
+            assert f"| {kernel} | {mode} |" in result.stdout
+    assert "| kernel | mode | T=64 | T=128 |" in result.stdout and "peak MiB" in result.stdout
+    with open(out / "attention.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(kernels) * 2 * 2
+    by_case = {(r["kernel"], r["mode"], r["seq_len"]): r for r in rows}
+    for kernel in ("manual", "sdpa"):  # these run everywhere: figures, no note
+        for mode in ("fwd", "fwd+bwd"):
+            row = by_case[(kernel, mode, "128")]
+            assert float(row["median_ms"]) > 0 and float(row["peak_mib"]) > 0 and row["note"] == ""
+    # FlexAttention has no backward on CPU: the reason is the result, not a crash.
+    assert "backward" in by_case[("flex", "fwd+bwd", "64")]["note"] and by_case[("flex", "fwd+bwd", "64")]["median_ms"] == ""
+    assert float(by_case[("flex", "fwd", "64")]["median_ms"]) > 0
+    for name in ("attention_time.png", "attention_memory.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "attention.md").read_text().startswith("attention benchmark:")
+
+
+@pytest.mark.slow
+def test_bench_train_quick_mode_reports_each_variant(tmp_path):
+    out = tmp_path / "train"
+    result = run_script("bench_train", "device=cpu", "model=tiny", "batch_size=4", "steps=2", "warmup=1", "threads=1",
+                        "compile=[false]", "precisions=[fp32,fp16]", f"out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    assert "| eager | fp32 |" in result.stdout and "| eager | fp16 |" in result.stdout
+    with open(out / "train.csv") as f:
+        rows = {r["precision"]: r for r in csv.DictReader(f)}
+    assert float(rows["fp32"]["tokens_per_s"]) > 0 and float(rows["fp32"]["ms_per_step"]) > 0
+    assert float(rows["fp32"]["peak_mib"]) > 0 and rows["fp32"]["note"] == ""
+    assert "fp16 needs a CUDA GPU" in rows["fp16"]["note"]  # cannot run here: says why
+    assert (out / "train.md").exists()
+
+
+@pytest.mark.slow
+def test_bench_decode_quick_mode():
+    result = run_script("bench_decode", "device=cpu", "model=tiny", "new_tokens=5", "prompt_lens=[1,8]", "repeats=1")
+    assert result.returncode == 0, result.stderr
+    assert "| prompt tokens | prefill ms |" in result.stdout
+    assert "| 1 |" in result.stdout and "| 8 |" in result.stdout
+
+
+def compose_bench(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("kernels=[nope]", "unknown attention kernel 'nope'"),
+    ("kernels=[manual:flash]", "has no backend 'flash'"),
+    ("modes=[backward]", "modes must be"),
+    ("dtype=fp64", "dtype must be one of"),
+])
+def test_bench_attention_refuses_bad_settings_before_running(override, message):
+    with pytest.raises(ConfigError, match=message):
+        check(compose_bench("bench_attention", override), torch.device("cpu"))
+
+
+def test_bench_configs_compose_with_their_defaults():
+    cfg = compose_bench("bench_attention")
+    assert cfg.kernels is None and cfg.seq_lens is None and list(cfg.modes) == ["fwd", "fwd+bwd"]
+    assert check(cfg, torch.device("cpu")) == (attention.available(), DEFAULT_SEQ_LENS["cpu"], ["fwd", "fwd+bwd"])
+    cfg = compose_bench("bench_train", "model=gpt2", "compile=[true]")
+    assert cfg.model.n_layer == 12 and list(cfg.compile) == [True] and list(cfg.precisions) == ["fp32", "bf16"]
+
+
+def test_flops_per_token_is_six_n_plus_the_attention_term():
+    config = GPTConfig()  # GPT-2 124M
+    n = 124_000_000
+    assert flops_per_token(config, n, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert set(dict(PEAK_FLOPS)["H100"]) == {"bf16", "fp16", "fp32"}
+
+
+def test_tables_show_a_footnote_for_each_distinct_reason():
+    results = [
+        Result("sdpa", "fwd", 64, median_ms=1.5, peak_mib=2.0),
+        Result("flex", "fwd", 64, note="no backward here"),
+        Result("flex", "fwd+bwd", 64, note="no backward here"),
+        Result("manual", "fwd", 64, note="timeout"),
+    ]
+    text = tables(results, [64], compiled=False)
+    assert "| sdpa | fwd | 1.50 |" in text and "| flex | fwd+bwd | - [1] |" in text and "| manual | fwd | - [2] |" in text
+    assert "[1] no backward here" in text and "[2] timeout" in text
