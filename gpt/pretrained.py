@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from gpt.config import GPTConfig

@@ -94,7 +94,8 @@ def stream(
     block_size = model.config.block_size
     starts = [0] * len(rows)  # where each row's context begins
     finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    cache: KVCache | None = None
+    cache: KVCache | None = None  # the first step always prefills, so next_token is set before a decode
+    next_token = positions = torch.empty(0, dtype=torch.long, device=device)
     for _ in range(max_new_tokens):
         slid = False
         for i, row in enumerate(rows):

@@ -1,6 +1,5 @@
 """The attention options inside the GPT: kernels interchangeable on trained weights, GQA, windows, RoPE, causality."""
 
-import math
 
 import pytest
 import torch

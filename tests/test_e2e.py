@@ -86,7 +86,7 @@ def test_fine_tuning_starts_from_exported_weights_and_checks_the_tokenizer(train
     assert tuned.returncode == 0, tuned.stderr
     log = tuned.stdout + tuned.stderr
     final_val = re.findall(r"step 30: train loss [\d.]+, val loss ([\d.]+)", result.stdout + result.stderr)
-    assert f"step 0: train loss" in log and re.search(rf"step 0: train loss [\d.]+, val loss {final_val[0]}", log)
+    assert "step 0: train loss" in log and re.search(rf"step 0: train loss [\d.]+, val loss {final_val[0]}", log)
     assert "2 layers" in log  # the architecture comes from the weights, not model.n_layer=7
     other = tmp_path / "other"
     other.mkdir()
