@@ -11,7 +11,7 @@ from torch import Tensor
 from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.tokenizer import GPT2_ENCODING
-from gpt.train import checkpoint
+from gpt import checkpoint
 
 GPT2_SIZES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
@@ -131,5 +131,4 @@ def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTCon
         return config, state, GPT2_TOKENIZER
     if is_export(ckpt):
         return load_export(ckpt)
-    payload = checkpoint.load(checkpoint.resolve(ckpt))
-    return GPTConfig.from_dict(payload["model_config"]), payload["model"], payload["tokenizer"]
+    return checkpoint.read_model(checkpoint.load(checkpoint.resolve(ckpt)))

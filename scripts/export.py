@@ -14,7 +14,7 @@ register()
 @hydra.main(config_path="../configs", config_name="export", version_base=None)
 def main(cfg: DictConfig) -> None:
     from gpt import pretrained
-    from gpt.train import checkpoint
+    from gpt import checkpoint
 
     def export() -> Path:
         config, state, tokenizer = pretrained.load_weights(cfg.ckpt)

@@ -8,7 +8,7 @@ import torch
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
 from gpt.tokenizer import CharTokenizer
-from gpt.train import checkpoint
+from gpt import checkpoint
 
 from conftest import run_script
 

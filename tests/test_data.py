@@ -166,14 +166,14 @@ def test_a_failed_write_leaves_the_prepared_data_as_it_was(text_dir, tmp_path, m
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     calls = []
 
-    def disk_full(path, data):
+    def disk_full(path, write, **kwargs):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data)
+        return real(path, write, **kwargs)
 
-    real = prep.write_atomic
-    monkeypatch.setattr(prep, "write_atomic", disk_full)
+    real = prep.atomic_write
+    monkeypatch.setattr(prep, "atomic_write", disk_full)
     with pytest.raises(UserError, match="No space left on device"):
         prepare(cfg, log=lambda *_: None)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -134,7 +134,7 @@ def test_missing_gpt2_weights_say_how_to_provide_them(tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
     """A tiny checkpoint of a character model, written directly (no training needed to test sampling)."""
-    from gpt.train import checkpoint
+    from gpt import checkpoint
 
     run = tmp_path_factory.mktemp("ckpt")
     torch.manual_seed(0)

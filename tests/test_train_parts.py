@@ -13,6 +13,7 @@ import torch
 from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.model import GPT
+from gpt import checkpoint as checkpoint_files
 from gpt.train import checkpoint, distributed, metrics
 from gpt.train.loop import maybe_compile, resume_command
 from gpt.train.signals import StopRequest
@@ -21,19 +22,19 @@ from gpt.visualize import attention_maps
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_says_why(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
-    checkpoint.save({"model": {"w": torch.ones(3)}, "model_config": {}, "step": 1}, path)
+    checkpoint_files.save({"model": {"w": torch.ones(3)}, "model_config": {}, "step": 1}, path)
     before = path.read_bytes()
 
     def full_disk(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
+    monkeypatch.setattr(checkpoint_files.os, "fsync", full_disk)
     with pytest.raises(UserError, match="could not write checkpoint .*ckpt.pt: No space left on device") as err:
-        checkpoint.save({"model": {"w": torch.zeros(3)}, "model_config": {}, "step": 2}, path)
+        checkpoint_files.save({"model": {"w": torch.zeros(3)}, "model_config": {}, "step": 2}, path)
     assert "previous checkpoint is unchanged" in err.value.hint
     assert path.read_bytes() == before and not (tmp_path / ".ckpt.pt.tmp").exists()
     monkeypatch.undo()
-    assert checkpoint.load(path)["step"] == 1
+    assert checkpoint_files.load(path)["step"] == 1
 
 
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
@@ -41,9 +42,9 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
 
     import numpy as np
 
-    checkpoint.save({"model": {}, "model_config": {}, "rng": checkpoint.rng_state()}, tmp_path / "c.pt")
+    checkpoint_files.save({"model": {}, "model_config": {}, "rng": checkpoint.rng_state()}, tmp_path / "c.pt")
     expected = (random.random(), np.random.rand(), torch.rand(2))
-    checkpoint.set_rng_state(checkpoint.load(tmp_path / "c.pt")["rng"])
+    checkpoint.set_rng_state(checkpoint_files.load(tmp_path / "c.pt")["rng"])
     got = (random.random(), np.random.rand(), torch.rand(2))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 

@@ -41,7 +41,7 @@ def test_attention_maps_shape():
 
 def test_visualize_script_writes_a_png(tmp_path):
     from gpt.tokenizer import CharTokenizer
-    from gpt.train import checkpoint
+    from gpt import checkpoint
 
     chars = list("\nabcdef ():")
     config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=len(chars))

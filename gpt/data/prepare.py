@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gpt import tokenizer as tok
+from gpt.checkpoint import atomic_write
 from gpt.data.config import DataConfig
 from gpt.data.sources import Corpus, load_corpus
 from gpt.errors import UserError
@@ -71,15 +72,6 @@ def read_meta(data_dir: Path) -> dict[str, Any] | None:
         raise UserError(f"{path} is unreadable ({err})", hint=f"delete {data_dir} and run again to re-prepare") from None
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def prepare(cfg: DataConfig, force: bool = False, log=print) -> Path:
     """Prepare the data set described by cfg unless an up-to-date copy exists; returns its folder.
 
@@ -113,7 +105,7 @@ def prepare(cfg: DataConfig, force: bool = False, log=print) -> Path:
         counts = {}
         for split, text in (("train", train_text), ("val", val_text)):
             ids = encode(tokenizer, text)
-            write_atomic(staging / f"{split}.bin", ids.astype(dtype).tobytes())
+            atomic_write(staging / f"{split}.bin", ids.astype(dtype).tofile, what="prepared data")
             counts[f"{split}_tokens"] = int(ids.size)
         meta = {
             "version": FORMAT_VERSION,
@@ -123,7 +115,8 @@ def prepare(cfg: DataConfig, force: bool = False, log=print) -> Path:
             "source": {"kind": cfg.source, "description": corpus.description, "fingerprint": fingerprint,
                        "documents": len(corpus.documents)},
         }
-        write_atomic(staging / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
+        atomic_write(staging / "meta.json", lambda f: f.write(json.dumps(meta, indent=1, ensure_ascii=False).encode()),
+                     what="prepared data")
         data_dir.mkdir(parents=True, exist_ok=True)
         (data_dir / "meta.json").unlink(missing_ok=True)
         for name in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it marks the folder complete
