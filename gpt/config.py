@@ -1,14 +1,19 @@
-"""GPTConfig: the model's architecture, validated on construction so a bad value fails early and clearly."""
+"""GPTConfig: the model's architecture, validated on construction so a bad value fails early and clearly.
+
+Also the model's config group as the scripts see it (ModelConfig: vocab_size may come from the data) and
+the attention group (AttentionConfig).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, ClassVar, Optional
 
 from gpt import attention
 from gpt.errors import ConfigError
 
 POS_EMBEDDINGS = ("learned", "rope")
+MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
 @dataclass
@@ -27,6 +32,10 @@ class GPTConfig:
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
     pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, applied to q and k)
     attention_backend: Optional[str] = None  # attention=sdpa only: pin flash | efficient | math | cudnn
+
+    # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
+    # fine-tuned run, or a sampling session, may set them anew.
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window")
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -73,6 +82,17 @@ class GPTConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def with_runtime_of(self, other: "GPTConfig") -> "GPTConfig":
+        """This architecture with ``other``'s runtime choices (RUNTIME_FIELDS)."""
+        return replace(self, **{name: getattr(other, name) for name in self.RUNTIME_FIELDS})
+
+    def shape_differences(self, other: "GPTConfig | dict[str, Any]") -> list[str]:
+        """Fields (runtime ones aside) where ``other`` (e.g. a checkpoint's config) differs, as readable phrases."""
+        mine, theirs, unset = self.to_dict(), other if isinstance(other, dict) else other.to_dict(), "(not set)"
+        keys = sorted((set(mine) | set(theirs)) - set(self.RUNTIME_FIELDS))
+        return [f"model.{k} is {theirs.get(k, unset)!r} in the checkpoint but {mine.get(k, unset)!r} now"
+                for k in keys if theirs.get(k, unset) != mine.get(k, unset)]
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
         """Build from a dict, refusing keys that are not GPTConfig fields (a typo or a newer checkpoint)."""
@@ -81,3 +101,34 @@ class GPTConfig:
         if unknown:
             raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
         return cls(**values)
+
+
+@dataclass
+class ModelConfig(GPTConfig):
+    """GPTConfig as the ``model=`` config group: vocab_size None means the data's tokenizer's vocabulary.
+
+    Validated on construction like GPTConfig (every field but the vocabulary, which the data settles).
+    """
+
+    vocab_size: Optional[int] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.build(self.vocab_size or 1)
+
+    def build(self, tokenizer_vocab: int) -> GPTConfig:
+        """The model's GPTConfig once the tokenizer's vocabulary is known (it may be padded, never smaller)."""
+        values = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
+        if values["vocab_size"] is None:
+            values["vocab_size"] = tokenizer_vocab
+        elif values["vocab_size"] < tokenizer_vocab:
+            raise ConfigError(f"model.vocab_size ({values['vocab_size']}) is smaller than the tokenizer's "
+                              f"vocabulary ({tokenizer_vocab})", hint="leave model.vocab_size unset, or raise it")
+        return GPTConfig(**values)
+
+
+@dataclass
+class AttentionConfig:
+    """The ``attention=`` config group: which kernel (and, for sdpa, which backend) computes attention."""
+
+    name: str = "sdpa"
+    backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)

@@ -15,6 +15,8 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class DeviceConfig:
+    """The ``device=`` config group: where to run."""
+
     type: str = "auto"  # auto | cpu | cuda | cuda:N | mps
 
 

@@ -1,50 +1,31 @@
-"""The typed schemas behind configs/: Hydra checks every override against these dataclasses."""
+"""The Hydra glue: the typed schemas behind configs/ registered with Hydra, and the one step that turns a
+composed config into its dataclass. Hydra checks every override against the schema (names and types);
+the dataclasses check the values when they are built. Nothing else under gpt/ imports omegaconf.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
-from gpt.config import GPTConfig
+from gpt.config import MISSING, AttentionConfig, GPTConfig, ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
-from gpt.train.config import TrainConfig
+from gpt.errors import ConfigError
+from gpt.train.config import RunConfig
 
 
-@dataclass
-class ModelSchema(GPTConfig):
-    """GPTConfig as a config group: vocab_size comes from the data unless set, the kernel from attention=."""
-
-    vocab_size: Optional[int] = None
-    attention: str = "${attention.name}"
-    attention_backend: Optional[str] = "${attention.backend}"
-
-    def __post_init__(self) -> None:  # validated when turned into a GPTConfig, once values are final
-        pass
-
-
-@dataclass
-class AttentionConfig:
-    name: str = "sdpa"
-    backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)
-
-
-@dataclass
-class TrainApp:
-    model: ModelSchema = field(default_factory=ModelSchema)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
-    seed: int = 1337
-    out_dir: str = MISSING
-    resume: bool = False  # continue the run in out_dir from its ckpt.pt
-    init_from: Optional[str] = None  # start from weights: gpt2* (OpenAI's), a run directory, .pt file or export
-    init_path: Optional[str] = None  # with init_from=gpt2*: a local Hugging Face folder or .safetensors file
+def typed(cfg: Any) -> Any:
+    """The composed config as its dataclass; every dataclass validates itself as it is built (ConfigError)."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        key = err.full_key or str(err)
+        raise ConfigError(f"{key} must be given (it has no default)", hint=f"add {key}=<value> to the command") from None
 
 
 @dataclass
@@ -76,7 +57,7 @@ class ExportApp:
 @dataclass
 class BenchDecodeApp:
     ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
-    model: ModelSchema = field(default_factory=ModelSchema)
+    model: ModelConfig = field(default_factory=ModelConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)  # the kernel of the random-weight model
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
@@ -118,7 +99,7 @@ class BenchAttentionApp:
 
 @dataclass
 class BenchTrainApp:
-    model: ModelSchema = field(default_factory=ModelSchema)
+    model: ModelConfig = field(default_factory=ModelConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
@@ -142,21 +123,16 @@ class PrepareApp:
 
 
 def model_config(model: Any, vocab_size: int) -> GPTConfig:
-    """The validated GPTConfig for a model node; vocab_size defaults to the tokenizer's."""
-    values = {f.name: getattr(model, f.name) for f in fields(GPTConfig)}
-    if values["vocab_size"] is None:
-        values["vocab_size"] = vocab_size
-    elif values["vocab_size"] < vocab_size:
-        from gpt.errors import ConfigError
-
-        raise ConfigError(f"model.vocab_size ({values['vocab_size']}) is smaller than the tokenizer's vocabulary ({vocab_size})")
-    return GPTConfig(**values)
+    """The validated GPTConfig for a model node (a ModelConfig or its DictConfig); vocab_size defaults to the tokenizer's."""
+    if not isinstance(model, ModelConfig):
+        model = OmegaConf.to_object(model)
+    return model.build(vocab_size)
 
 
 def register() -> None:
     """Register the schemas with Hydra's ConfigStore (the primary configs name them in their defaults)."""
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainApp)
+    cs.store(name="train_schema", node=RunConfig)
     cs.store(name="generate_schema", node=GenerateApp)
     cs.store(name="prepare_schema", node=PrepareApp)
     cs.store(name="export_schema", node=ExportApp)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from gpt.cli import report_user_errors
 from gpt.errors import UserError
-from gpt.schema import register
+from gpt.schema import register, typed
 from gpt.train.distributed import hydra_overrides_for_rank
 
 register()
@@ -32,7 +32,7 @@ def script_path() -> str:
 
 @hydra.main(config_path="../configs", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    from gpt.train.loop import train
+    from gpt.train.trainer import train
 
     hydra_cfg = HydraConfig.get()
     # a single run goes to out_dir; each job of a multirun (-m) to its numbered folder below it
@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
     def run():
         if hydra_cfg.mode == RunMode.MULTIRUN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise UserError("a Hydra multirun (-m) cannot run under torchrun", hint="launch one torchrun per configuration")
-        return train(cfg, run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
+        return train(typed(cfg), run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
                      script=script_path())
 
     summary = report_user_errors(run)

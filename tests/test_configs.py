@@ -1,18 +1,19 @@
 """Every shipped config composes against its typed schema; the GPT-2 family has its published sizes."""
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException
 
 from gpt import GPT, attention
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
-from gpt.schema import model_config, register
-from gpt.train.config import TrainConfig
+from gpt.config import ModelConfig
+from gpt.schema import model_config, register, typed
+from gpt.train.config import RunConfig, TrainConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 register()
@@ -28,18 +29,30 @@ def compose_train(*overrides: str):
 
 
 @pytest.mark.parametrize("group", ["model", "attention", "data", "device"])
-def test_every_option_of_every_group_composes(group):
+def test_every_option_of_every_group_composes_and_becomes_its_typed_config(group):
     for option in options(group):
-        cfg = compose_train(f"{group}={option}", "out_dir=x")
-        node = OmegaConf.to_container(cfg[group], resolve=False)
-        if group == "data":
-            DataConfig(**node)
-        elif group == "device":
-            DeviceConfig(**node)
-        elif group == "model":
-            model_config(cfg.model, vocab_size=100)
-        elif group == "attention":
-            assert cfg.attention.name == option and cfg.model.attention == option
+        cfg = compose_train(f"{group}={option}", "out_dir=x", "data.path=somewhere")
+        run = typed(cfg)
+        assert isinstance(run, RunConfig)
+        assert isinstance(run.data, DataConfig) and isinstance(run.device, DeviceConfig)
+        assert isinstance(run.model, ModelConfig) and isinstance(run.train, TrainConfig)
+        run.model.build(100)
+        if group == "attention":
+            assert run.attention.name == option and run.model.attention == option
+
+
+def test_a_value_the_schema_accepts_but_the_dataclass_refuses_is_a_config_error():
+    from gpt.errors import ConfigError
+
+    for override, message in [("train.learning_rate=nan", "train.learning_rate must be positive, got nan"),
+                              ("train.beta2=1.5", "train.beta2 must be in [0, 1), got 1.5"),
+                              ("data.name=a/b", "data.name must be a plain folder name"),
+                              ("model.n_head=5", "must be divisible by model.n_head (5)"),
+                              ("precision=fp8", "unknown precision 'fp8'")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            typed(compose_train(override, "out_dir=x"))
+    with pytest.raises(ConfigError, match="data.path must be given"):
+        typed(compose_train("data=text", "out_dir=x"))
 
 
 def test_every_attention_kernel_has_a_config_file():
@@ -50,7 +63,7 @@ def test_train_defaults():
     cfg = compose_train("out_dir=x")
     assert cfg.model.n_layer == 4 and cfg.attention.name == "sdpa" and cfg.data.name == "stdlib_char"
     assert cfg.device.type == "auto" and cfg.precision == "auto"
-    TrainConfig(**cfg.train).validate()
+    assert typed(cfg).train == TrainConfig()
 
 
 def test_generate_and_prepare_configs_compose():

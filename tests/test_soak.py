@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from gpt.schema import register
-from gpt.train.loop import train
+from gpt.schema import register, typed
+from gpt.train.trainer import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def test_two_thousand_steps_keep_memory_flat_and_files_bounded(text_dir, tmp_pat
         if message.startswith("step "):
             memory.append(rss_mib())
 
-    summary = train(cfg, tmp_path / "run", log=log)
+    summary = train(typed(cfg), tmp_path / "run", log=log)
     assert summary.tokens > 0 and len(memory) >= 20  # an evaluation and a checkpoint every 100 steps
     settled = memory[len(memory) // 4]  # after the first evaluations have loaded everything lazily
     assert memory[-1] - settled < 25, f"memory grew from {settled:.0f} to {memory[-1]:.0f} MiB: {memory}"

@@ -14,9 +14,10 @@ from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt import checkpoint as checkpoint_files
-from gpt.train import checkpoint, distributed, metrics
-from gpt.train.loop import maybe_compile, resume_command
-from gpt.train.signals import StopRequest
+from gpt.train import distributed, metrics, state
+from gpt.train.build import maybe_compile
+from gpt.train.resume import resume_command
+from gpt.train.signals import SignalGuard
 from gpt.visualize import attention_maps
 
 
@@ -42,23 +43,32 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
 
     import numpy as np
 
-    checkpoint_files.save({"model": {}, "model_config": {}, "rng": checkpoint.rng_state()}, tmp_path / "c.pt")
+    checkpoint_files.save({"model": {}, "model_config": {}, "rng": state.rng_state()}, tmp_path / "c.pt")
     expected = (random.random(), np.random.rand(), torch.rand(2))
-    checkpoint.set_rng_state(checkpoint_files.load(tmp_path / "c.pt")["rng"])
+    state.set_rng_state(checkpoint_files.load(tmp_path / "c.pt")["rng"])
     got = (random.random(), np.random.rand(), torch.rand(2))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
-def test_shape_differences_name_fields_but_allow_dropout_and_kernel():
-    saved = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50).to_dict()
-    same_shape = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, dropout=0.2, attention="manual").to_dict()
-    assert checkpoint.shape_differences(saved, same_shape) == []
-    other = GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=50).to_dict()
-    assert checkpoint.shape_differences(saved, other) == ["model.n_layer is 2 in the checkpoint but 3 now"]
-    gqa = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, n_kv_head=1, window=8).to_dict()
-    assert checkpoint.shape_differences(saved, gqa) == ["model.n_kv_head is 2 in the checkpoint but 1 now"]
-    newer = {**saved, "new_field": 1}
-    assert checkpoint.shape_differences(saved, newer) == ["model.new_field is '(not set)' in the checkpoint but 1 now"]
+def test_shape_differences_name_fields_but_allow_runtime_choices():
+    now = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50)
+    same_shape = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, dropout=0.2, attention="manual", window=4)
+    assert now.shape_differences(same_shape) == []
+    assert now.shape_differences(same_shape.to_dict()) == []
+    other = GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=50)
+    assert now.shape_differences(other) == ["model.n_layer is 3 in the checkpoint but 2 now"]
+    gqa = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, n_kv_head=1, window=8)
+    assert now.shape_differences(gqa) == ["model.n_kv_head is 1 in the checkpoint but 2 now"]
+    newer = {**now.to_dict(), "new_field": 1}
+    assert now.shape_differences(newer) == ["model.new_field is 1 in the checkpoint but '(not set)' now"]
+
+
+def test_runtime_fields_come_from_the_run_and_the_architecture_from_the_weights():
+    weights = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, n_kv_head=1)
+    run = GPTConfig(n_layer=4, n_head=4, n_embd=64, dropout=0.1, attention="manual", window=8)
+    merged = weights.with_runtime_of(run)
+    assert (merged.n_layer, merged.n_embd, merged.n_kv_head, merged.vocab_size) == (2, 32, 1, 50)
+    assert (merged.dropout, merged.attention, merged.window) == (0.1, "manual", 8)
 
 
 def test_first_signal_asks_to_stop_a_repeat_is_the_same_request_a_later_one_exits_at_once(monkeypatch):
@@ -66,10 +76,10 @@ def test_first_signal_asks_to_stop_a_repeat_is_the_same_request_a_later_one_exit
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
     clock = [100.0]
     monkeypatch.setattr("gpt.train.signals.time.monotonic", lambda: clock[0])
-    with StopRequest() as stop:
-        assert stop.requested is None
+    with SignalGuard() as stop:
+        assert stop.received is None
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested == "SIGTERM" and exits == []
+        assert stop.received == "SIGTERM" and exits == []
         os.kill(os.getpid(), signal.SIGINT)  # delivered twice at once (terminal and torchrun): one request
         assert exits == []
         clock[0] += 5
@@ -118,7 +128,7 @@ def test_mfu_peaks_are_known_for_datacentre_gpus_only():
 
 
 def test_compile_where_unavailable_says_so_once_and_runs_eager(monkeypatch):
-    monkeypatch.setattr("gpt.train.loop.compile_unavailable", lambda device: "no C/C++ compiler found")
+    monkeypatch.setattr("gpt.train.build.compile_unavailable", lambda device: "no C/C++ compiler found")
     lines = []
     model = torch.nn.Linear(2, 2)
     assert maybe_compile(model, True, torch.device("cpu"), lines.append) is model
@@ -142,6 +152,6 @@ def test_ranks_after_the_first_write_no_hydra_output(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert "hydra.output_subdir=null" in distributed.hydra_overrides_for_rank()
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    d, device = distributed.setup(torch.device("cpu"))
-    assert not d.enabled and d.is_main and distributed.agree([True, False], device, d) == [True, False]
-    assert math.isclose(distributed.all_reduce_sum(torch.tensor(2.0), d).item(), 2.0)
+    ranks, device = distributed.setup(torch.device("cpu"))
+    assert not ranks.enabled and ranks.is_main and distributed.gather("x", ranks) == ["x"]
+    assert math.isclose(distributed.all_reduce_sum(torch.tensor(2.0), ranks).item(), 2.0)

@@ -198,16 +198,18 @@ def test_resume_refuses_another_model_shape_naming_the_fields(reference, data_ar
 
 
 def test_a_fresh_run_refuses_an_out_dir_that_holds_a_checkpoint(reference):
+    from gpt.config import GPTConfig
     from gpt.errors import UserError
-    from gpt.train import checkpoint
+    from gpt.train.resume import resume_state
 
     run_dir, _ = reference
     state = load(run_dir)
+    model_config = GPTConfig.from_dict(state["model_config"])
     with pytest.raises(UserError, match="already holds a checkpoint") as err:
-        checkpoint.resume_state(run_dir, False, state["model_config"], state["config"], print)
+        resume_state(run_dir, False, model_config, state["config"], print)
     assert "resume=true" in err.value.hint
     notes = []
-    resumed = checkpoint.resume_state(run_dir, True, state["model_config"], {**state["config"], "seed": 7}, notes.append)
+    resumed = resume_state(run_dir, True, model_config, {**state["config"], "seed": 7}, notes.append)
     assert resumed["step"] == 12 and notes == ["note: resuming with changed settings: seed: 1337 -> 7"]
 
 

@@ -1,17 +1,26 @@
-"""TrainConfig: the optimisation and bookkeeping knobs of a training run."""
+"""The typed configs of a training run: TrainConfig (optimisation and bookkeeping) and RunConfig (everything).
+
+scripts/train.py turns the composed Hydra config into a RunConfig once; each dataclass validates itself
+on construction, so nothing below the script sees an unchecked value.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
+from gpt.config import MISSING, AttentionConfig, ModelConfig
+from gpt.data.config import DataConfig
+from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError
 
 
 @dataclass
 class TrainConfig:
-    # Defaults are the default run's (model=small on stdlib_char, about 7 minutes on a 2-core CPU).
-    max_iters: int = 1600
+    """Defaults are the default run's (model=small on stdlib_char, about 7 minutes on a 2-core CPU)."""
+
+    max_iters: int = 1600  # optimizer steps
     batch_size: int = 32  # sequences per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
     learning_rate: float = 2e-3
@@ -29,16 +38,46 @@ class TrainConfig:
     compile: bool = False  # wrap the model in torch.compile (eager, with one message, where unavailable)
     skip_nonfinite: int = 0  # steps with a NaN/Inf loss or gradient norm that may be skipped before stopping
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
-            value = getattr(self, name)
-            if value <= 0:
-                raise ConfigError(f"train.{name} must be positive, got {value}")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"train.learning_rate must be positive, got {self.learning_rate}")
-        if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
-            raise ConfigError(f"train.min_lr must be in [0, learning_rate], got {self.min_lr}")
-        if self.skip_nonfinite < 0:
-            raise ConfigError(f"train.skip_nonfinite must not be negative, got {self.skip_nonfinite}")
-        if self.warmup_iters < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ConfigError("train.warmup_iters, train.grad_clip and train.weight_decay must not be negative")
+            self._check(name, lambda v: v > 0, "positive")
+        for name in ("warmup_iters", "sample_tokens", "skip_nonfinite"):
+            self._check(name, lambda v: v >= 0, "non-negative")
+        self._check("learning_rate", lambda v: math.isfinite(v) and v > 0, "positive")
+        self._check("min_lr", lambda v: v is None or 0 <= v <= self.learning_rate, "in [0, train.learning_rate]")
+        self._check("lr_decay_iters", lambda v: v is None or v > 0, "positive or null")
+        for name in ("weight_decay", "grad_clip"):
+            self._check(name, lambda v: math.isfinite(v) and v >= 0, "non-negative")
+        for name in ("beta1", "beta2"):
+            self._check(name, lambda v: 0 <= v < 1, "in [0, 1)")
+
+    def _check(self, name: str, ok: Callable[[Any], bool], expected: str) -> None:
+        """Refuse train.<name> unless ``ok(value)``; comparisons with NaN are False, so NaN is refused too."""
+        value = getattr(self, name)
+        if not ok(value):
+            raise ConfigError(f"train.{name} must be {expected}, got {value!r}")
+
+
+@dataclass
+class RunConfig:
+    """A whole training run, as scripts/train.py composes it (configs/train.yaml)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    seed: int = 1337
+    out_dir: str = MISSING
+    resume: bool = False  # continue the run in out_dir from its ckpt.pt
+    init_from: Optional[str] = None  # start from weights: gpt2* (OpenAI's), a run directory, .pt file or export
+    init_path: Optional[str] = None  # with init_from=gpt2*: a local Hugging Face folder or .safetensors file
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        if not 0 <= self.seed < 2**31:  # numpy's seed takes 32 bits, and each rank adds its rank
+            raise ConfigError(f"seed must be in [0, 2**31), got {self.seed}")
+        if self.init_path is not None and self.init_from is None:
+            raise ConfigError("init_path is given but init_from is not", hint="add init_from=gpt2 (or another size)")

@@ -16,9 +16,13 @@ import torch.distributed as dist
 from gpt.errors import UserError
 
 
+class AbortRun(UserError):
+    """A stop that every rank has agreed on: rank 0 reports it as a user error, the others exit quietly."""
+
+
 @dataclass(frozen=True)
-class Dist:
-    """Where this process stands among the ranks of a run."""
+class Ranks:
+    """Where this process stands among the processes (ranks) of a run."""
 
     rank: int = 0
     local_rank: int = 0
@@ -43,18 +47,18 @@ def hydra_overrides_for_rank() -> list[str]:
     """Extra Hydra overrides for ranks > 0, so that they create no run directory, config copy or log file.
 
     Every rank composes the same config, but ``${now:...}`` in out_dir may differ between them by a second;
-    rank 0's run directory is the one all ranks use (it is broadcast in :func:`shared_run_dir`).
+    rank 0's run directory is the one all ranks use (gpt.train.trainer broadcasts it).
     """
     if env_rank() == 0:
         return []
     return ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 
 
-def setup(device: torch.device) -> tuple[Dist, torch.device]:
+def setup(device: torch.device) -> tuple[Ranks, torch.device]:
     """Join the process group when launched by torchrun: NCCL on CUDA (one GPU per local rank), gloo on CPU."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
-        return Dist(), device
+        return Ranks(), device
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
@@ -71,48 +75,39 @@ def setup(device: torch.device) -> tuple[Dist, torch.device]:
         raise UserError(f"distributed training runs on CUDA (nccl) or CPU (gloo), not {device.type}",
                         hint="use device=cuda or device=cpu with torchrun")
     dist.init_process_group(backend=backend)
-    return Dist(rank=rank, local_rank=local_rank, world_size=world_size), device
+    return Ranks(rank=rank, local_rank=local_rank, world_size=world_size), device
 
 
-def cleanup(d: Dist) -> None:
-    if d.enabled and dist.is_initialized():
+def cleanup(ranks: Ranks) -> None:
+    if ranks.enabled and dist.is_initialized():
         dist.destroy_process_group()
 
 
-def barrier(d: Dist) -> None:
-    if d.enabled:
+def barrier(ranks: Ranks) -> None:
+    if ranks.enabled:
         dist.barrier()
 
 
-def all_reduce_sum(tensor: torch.Tensor, d: Dist) -> torch.Tensor:
+def all_reduce_sum(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """Sum a tensor over ranks, in place (unchanged in a single process)."""
-    if d.enabled:
+    if ranks.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
-def agree(flags: list[bool], device: torch.device, d: Dist) -> list[bool]:
-    """Each flag becomes True on every rank if it is True on any rank: stop decisions are taken together."""
-    if not d.enabled:
-        return flags
-    t = torch.tensor([float(f) for f in flags], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
-def broadcast(obj: Any, d: Dist) -> Any:
+def broadcast(obj: Any, ranks: Ranks) -> Any:
     """Rank 0's object, on every rank (pickled in memory: only between our own processes)."""
-    if not d.enabled:
+    if not ranks.enabled:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def gather(obj: Any, d: Dist) -> list[Any]:
+def gather(obj: Any, ranks: Ranks) -> list[Any]:
     """Every rank's object, in rank order, on every rank."""
-    if not d.enabled:
+    if not ranks.enabled:
         return [obj]
-    out: list[Any] = [None] * d.world_size
+    out: list[Any] = [None] * ranks.world_size
     dist.all_gather_object(out, obj)
     return out

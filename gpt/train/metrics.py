@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 
 import torch
 
@@ -57,3 +58,36 @@ def peak_memory_bytes(device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, KiB on Linux
+
+
+class Throughput:
+    """Tokens per second: between two log lines, and over the whole invocation but its first step
+    (compilation and warm-up would distort it)."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.steps = 0  # steps run by this invocation
+        self.seconds = 0.0  # their time, the first step's left out
+        self._window_start, self._window_steps = time.time(), 0
+
+    def step_done(self, seconds: float) -> None:
+        self.steps += 1
+        self._window_steps += 1
+        if self.steps > 1:
+            self.seconds += seconds
+
+    def window_rate(self) -> float:
+        """Tokens/s since the last call (or the last restart of the window), then start a new window."""
+        rate = self._window_steps * self.tokens_per_step / max(time.time() - self._window_start, 1e-9)
+        self.restart_window()
+        return rate
+
+    def restart_window(self) -> None:
+        """Begin a new window (after an evaluation, whose time is not training time)."""
+        self._window_start, self._window_steps = time.time(), 0
+
+    def run_rate(self) -> float:
+        return (self.steps - 1) * self.tokens_per_step / self.seconds if self.seconds > 0 else 0.0
+
+    def eta_seconds(self, steps_left: int) -> float:
+        return steps_left * self.seconds / max(self.steps - 1, 1)

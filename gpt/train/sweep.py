@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
 
-from gpt.train.loop import SUMMARY_FILE
+from gpt.train.records import SUMMARY_FILE
 
 COLUMNS = ("run", "overrides", "train loss", "val loss", "tokens/s", "peak memory", "wall time")
 
@@ -59,7 +58,7 @@ def table(rows: list[dict[str, Any]], common: set[str] | None = None) -> str:
 class SweepSummary(Callback):
     """Hydra callback: after a multirun, print and save one table comparing its jobs."""
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = collect(sweep_dir)
         if not rows:

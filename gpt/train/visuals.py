@@ -8,21 +8,21 @@ from __future__ import annotations
 import math
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
 
 from gpt.data.loader import TokenData
 from gpt.model import GPT
 from gpt.sampling import prompt_ids
-from gpt.train.checkpoint import flatten
+from gpt.train.resume import flatten
 from gpt.visualize import attention_figure, attention_maps, token_labels
 
 
-def log_config(writer, cfg: DictConfig, resolved: dict) -> None:
+def log_config(writer, config: dict) -> None:
     """The full resolved config as text, and its flat values as TensorBoard hyperparameters."""
     from torch.utils.tensorboard.summary import hparams
 
-    writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "\n```")
-    flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flatten(resolved).items()}
+    writer.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "\n```")
+    flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flatten(config).items()}
     file_writer = writer._get_file_writer()
     for summary in hparams(flat, {"val/loss": math.nan}):
         file_writer.add_summary(summary)

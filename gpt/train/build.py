@@ -1,0 +1,106 @@
+"""Building a run's parts before step 0: the data (prepared once per node), the model's config (from
+model.* or from init_from's weights), the seeded model with its optimizer, and torch.compile."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpt import pretrained
+from gpt.config import GPTConfig
+from gpt.data.loader import TokenData
+from gpt.data.prepare import prepare
+from gpt.model import GPT
+from gpt.train import distributed
+from gpt.train.config import RunConfig
+from gpt.train.distributed import AbortRun, Ranks
+from gpt.train.optim import make_optimizer
+from gpt.train.state import TrainState
+
+
+def load_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData:
+    """The run's token data, prepared by the first process of each node while the others wait."""
+    if ranks.local_rank == 0:
+        data_dir = prepare(run.data, log=log)
+    distributed.barrier(ranks)
+    if ranks.local_rank != 0:
+        data_dir = prepare(run.data, log=lambda message: None)
+    return TokenData(data_dir)
+
+
+def model_config(run: RunConfig, data: TokenData, log: Callable[[str], None]) -> tuple[GPTConfig, dict | None]:
+    """The model's GPTConfig and, with init_from, the weights to start from (their architecture wins)."""
+    config = run.model.build(data.tokenizer.vocab_size)
+    if not run.init_from:
+        return config, None
+    init_config, init_state, init_tokenizer = pretrained.load_weights(run.init_from, run.init_path)
+    if init_tokenizer != data.tokenizer.to_meta():  # every rank sees the same: a stop all agree on
+        raise AbortRun(
+            f"init_from={run.init_from} uses a different tokenizer ({init_tokenizer.get('kind')}, "
+            f"{init_tokenizer.get('vocab_size')} tokens) than the data {data.dir} "
+            f"({data.tokenizer.kind}, {data.tokenizer.vocab_size} tokens)",
+            hint="prepare the data with the model's tokenizer (e.g. data.tokenizer=gpt2 for GPT-2 weights)",
+        )
+    log(f"initialised from {run.init_from}: model.* sizes come from its weights")
+    return init_config.with_runtime_of(config), init_state
+
+
+def initial_state(config: GPTConfig, run: RunConfig, precision: str, device: torch.device, ranks: Ranks) -> TrainState:
+    """The seeded model, AdamW, gradient scaler and data generator of step 0.
+
+    Initial weights are rank 0's (as DDP broadcasts them); dropout masks and other randomness differ by rank.
+    """
+    torch.manual_seed(run.seed)
+    model = GPT(config).to(device)
+    if ranks.rank > 0:
+        torch.manual_seed(run.seed + ranks.rank)
+    random.seed(run.seed + ranks.rank)
+    np.random.seed(run.seed + ranks.rank)
+    optimizer = make_optimizer(model, run.train, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    return TrainState(model, optimizer, scaler, torch.Generator().manual_seed(run.seed))
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why torch.compile cannot run here, or None when it can."""
+    if not hasattr(torch, "compile"):
+        return "this PyTorch has no torch.compile"
+    import torch._dynamo as dynamo
+
+    if not dynamo.is_dynamo_supported():
+        return f"TorchDynamo does not support Python {sys.version_info.major}.{sys.version_info.minor}"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "Triton is not installed"
+    elif device.type == "cpu" and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang", "c++", "g++")):
+        return "no C/C++ compiler found"
+    return None
+
+
+def maybe_compile(model: nn.Module, enabled: bool, device: torch.device, log: Callable[[str], None]) -> nn.Module:
+    """torch.compile(model) when asked and possible; otherwise the model itself, saying why once."""
+    if not enabled:
+        return model
+    reason = compile_unavailable(device)
+    if reason:
+        log(f"train.compile=true but torch.compile is unavailable ({reason}): running eager")
+        return model
+    log("compiling the model with torch.compile (the first steps are slow)")
+    return torch.compile(model)
+
+
+def data_parallel(model: nn.Module, device: torch.device, ranks: Ranks) -> nn.Module:
+    """The model as the training step calls it: wrapped in DistributedDataParallel under torchrun."""
+    if not ranks.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)

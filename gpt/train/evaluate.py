@@ -1,0 +1,36 @@
+"""Evaluation during training: the mean loss of each split over the same fixed batches at every evaluation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from gpt.data.loader import TokenData
+from gpt.train import distributed
+from gpt.train.distributed import Ranks
+
+
+@torch.no_grad()
+def estimate_loss(model: nn.Module, data: TokenData, *, batches: int, batch_size: int, block_size: int, seed: int,
+                  device: torch.device, autocast: contextlib.AbstractContextManager, ranks: Ranks) -> dict[str, float]:
+    """Mean loss over ``batches`` random batches of each split, the same ones every time (seeded), shared by ranks."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    losses = {}
+    for split in ("train", "val"):
+        total = torch.zeros(2, device=device)  # loss sum, batch count
+        for i in range(batches):
+            starts = data.random_starts(split, batch_size, block_size, generator)  # every rank draws every batch
+            if i % ranks.world_size != ranks.rank:
+                continue
+            x, y = data.windows(split, starts, block_size, device)
+            with autocast:
+                _, loss = model(x, y)
+            total[0] += loss.float()
+            total[1] += 1
+        distributed.all_reduce_sum(total, ranks)
+        losses[split] = (total[0] / total[1]).item()
+    model.train()
+    return losses

@@ -1,0 +1,128 @@
+"""What a run shows and leaves behind besides checkpoints, behind one small interface.
+
+Log lines (also appended to train.log), the progress bar or plain lines, TensorBoard scalars and
+pictures, the config record in .hydra/ and summary.json. Only rank 0 records: on the other ranks every
+method does nothing, so the training code never asks which rank it is on to log.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from tqdm import tqdm
+
+from gpt.train import visuals
+
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class Summary:
+    """The outcome of one invocation of the training script (summary.json holds it, with the run's context)."""
+
+    params: int
+    step: int  # optimizer steps done
+    tokens: int
+    best_val_loss: float
+    final_train_loss: float  # of the last evaluation
+    final_val_loss: float
+    tokens_per_sec: float  # over the training steps of this invocation, but its first
+    peak_memory_bytes: int
+    wall_s: float
+    ckpt: Path
+    interrupted: bool = False
+    resume_command: str = ""
+
+
+def record_config(run_dir: Path, config: dict[str, Any], overrides: list[str], resumed: bool) -> None:
+    """Save the resolved config and the command-line overrides in run_dir/.hydra/ (a resume in a subfolder).
+
+    Written once the config has passed every check, rather than by Hydra at start-up: a mistyped
+    command aimed at an existing run must not overwrite that run's record.
+    """
+    folder = run_dir / ".hydra"
+    if resumed:
+        folder = folder / time.strftime("resume-%Y-%m-%d_%H-%M-%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+
+
+class RunRecords:
+    """Log lines, progress, TensorBoard and summary.json of a run; a no-op unless ``enabled`` (rank 0)."""
+
+    def __init__(self, run_dir: Path, log: Callable[[str], None], enabled: bool) -> None:
+        self.run_dir, self.enabled = run_dir, enabled
+        self._log = log
+        self._log_file: Path | None = None
+        self.writer = None  # TensorBoard's SummaryWriter once open
+        self.interactive = enabled and sys.stderr.isatty()
+        self._bar: tqdm | None = None
+
+    def open(self, config: dict[str, Any], overrides: list[str], resumed: bool, step: int, max_iters: int) -> None:
+        """Once the run's checks have passed: record the config, start train.log, TensorBoard and the progress bar."""
+        if not self.enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import
+
+        record_config(self.run_dir, config, overrides, resumed)
+        self._log_file = self.run_dir / "train.log"
+        # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
+        self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=step + 1 if resumed else None)
+        visuals.log_config(self.writer, config)
+        self._bar = tqdm(total=max_iters, initial=step, disable=not self.interactive, unit="step", dynamic_ncols=True)
+
+    def log(self, message: str) -> None:
+        """A line for the console (and train.log once open)."""
+        if not self.enabled:
+            return
+        self._log(message)
+        if self._log_file is not None:
+            with open(self._log_file, "a", encoding="utf-8") as f:
+                f.write(message + "\n")
+
+    def say(self, message: str) -> None:
+        """A line that must not tear the progress bar: above it when interactive, else a log line."""
+        if self._bar is not None and self.interactive:
+            self._bar.write(message)
+        else:
+            self.log(message)
+
+    def scalars(self, step: int, values: dict[str, float | None]) -> None:
+        """TensorBoard scalars at ``step`` (None values are left out)."""
+        if self.writer is not None:
+            for tag, value in values.items():
+                if value is not None:
+                    self.writer.add_scalar(tag, value, step)
+
+    def pictures(self, draw: Callable[[Any], None]) -> None:
+        """Let ``draw(writer)`` add texts and figures to TensorBoard (rank 0 only)."""
+        if self.writer is not None:
+            draw(self.writer)
+
+    def progress(self, line: str, **postfix: str) -> None:
+        """A step's figures: on the progress bar when interactive, else as a log line."""
+        if self.interactive and self._bar is not None:
+            self._bar.set_postfix(refresh=False, **postfix)
+        else:
+            self.log(line)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self, summary: Summary | None = None, context: dict[str, Any] | None = None) -> None:
+        """Close the bar and TensorBoard; write summary.json when given a summary."""
+        if self._bar is not None:
+            self._bar.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.enabled and summary is not None:
+            record = {**asdict(summary), "ckpt": str(summary.ckpt), **(context or {})}
+            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")

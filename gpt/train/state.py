@@ -1,0 +1,126 @@
+"""The training state that a resumed run continues from, saving and loading itself.
+
+Model, optimizer, gradient scaler, counters, the data position (the generator that draws the training
+windows) and every random generator of each process: restoring all of it makes a resumed run bitwise
+identical to an uninterrupted one on CPU. The Checkpointer writes it (ckpt.pt) and the best model
+(best.pt) from rank 0, with every rank taking part.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpt import checkpoint
+from gpt.config import GPTConfig
+from gpt.errors import UserError
+from gpt.train import distributed
+from gpt.train.distributed import AbortRun, Ranks
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator this process uses, as tensors and plain values (weights_only-loadable)."""
+    version, internal, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        # this process's GPU only (get_rng_state_all would start a CUDA context on every GPU)
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"][0])
+
+
+class TrainState:
+    """Model, optimizer, scaler, counters and data position of a run, as one thing to save and restore."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 data_generator: torch.Generator) -> None:
+        self.model = model  # the plain model (not compiled, not wrapped): its names are the checkpoint's
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.data_generator = data_generator  # draws the training windows: its state is the data position
+        self.step = 0  # optimizer steps done
+        self.evaluated = False  # whether the evaluation at `step` is done (a resumed run does not repeat it)
+        self.best_val_loss = math.inf
+        self.skipped = 0  # non-finite steps skipped so far
+        self.last_eval: dict[str, float] = {}  # the latest evaluation's losses by split
+
+    def state_dict(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The training entries of a checkpoint; ``rngs`` holds every rank's RNG states, in rank order."""
+        return {
+            "step": self.step,
+            "best_val_loss": self.best_val_loss,
+            "evaluated": self.evaluated,
+            "eval": self.last_eval,
+            "skipped": self.skipped,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": rngs,
+            "data": {"train_generator": self.data_generator.get_state()},
+            "world_size": len(rngs),
+        }
+
+    def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None]) -> None:
+        """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks)."""
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        if payload["scaler"]:
+            self.scaler.load_state_dict(payload["scaler"])
+        self.data_generator.set_state(payload["data"]["train_generator"])
+        rngs = payload["rng"]
+        if len(rngs) == ranks.world_size:
+            set_rng_state(rngs[ranks.rank])
+        else:
+            log(f"note: the checkpoint was written by {len(rngs)} process(es), this run has {ranks.world_size}: "
+                "dropout randomness is reseeded (the data order continues exactly)")
+        self.step, self.evaluated, self.best_val_loss = payload["step"], payload["evaluated"], payload["best_val_loss"]
+        self.skipped, self.last_eval = payload["skipped"], payload["eval"]
+
+
+class Checkpointer:
+    """Writes ckpt.pt (model and training state) and best.pt (the model alone) into run_dir from rank 0."""
+
+    def __init__(self, run_dir: Path, ranks: Ranks, model_config: GPTConfig, tokenizer: dict[str, Any],
+                 run_config: dict[str, Any]) -> None:
+        self.run_dir, self.ranks = run_dir, ranks
+        self.model_config, self.tokenizer, self.run_config = model_config, tokenizer, run_config
+
+    @property
+    def latest(self) -> Path:
+        return self.run_dir / checkpoint.LATEST
+
+    def save(self, state: TrainState, best: bool) -> None:
+        """Checkpoint ``state``; every rank calls this (RNG states are gathered) and all see a failure."""
+        rngs = distributed.gather(rng_state(), self.ranks)
+        error = None
+        if self.ranks.is_main:
+            model = {**checkpoint.model_entries(state.model.state_dict(), self.model_config, self.tokenizer),
+                     "step": state.step, "best_val_loss": state.best_val_loss, "config": self.run_config}
+            try:
+                checkpoint.save({**model, **state.state_dict(rngs)}, self.latest)
+                if best:
+                    checkpoint.save(model, self.run_dir / checkpoint.BEST)
+            except UserError as err:
+                error = AbortRun(str(err), err.hint)
+        error = distributed.broadcast(error, self.ranks)
+        if error is not None:
+            raise error

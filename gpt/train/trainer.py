@@ -1,0 +1,298 @@
+"""The training loop as a Trainer of short named parts: set-up, train_step, evaluate, finish.
+
+One optimizer step = ``grad_accum`` micro-steps of ``batch_size`` sequences on each of ``world_size``
+processes. The micro-batches of a step come, in order, from one stream of random windows shared by all
+ranks (rank r takes every world_size-th), and the loss is scaled by 1 / grad_accum while DDP averages
+over ranks: N processes with grad_accum=1 compute the gradient of one process with grad_accum=N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from gpt import attention, checkpoint
+from gpt.device import autocast, resolve_device, resolve_precision
+from gpt.errors import UserError
+from gpt.train import build, distributed, metrics, visuals
+from gpt.train.config import RunConfig
+from gpt.train.distributed import AbortRun, Ranks
+from gpt.train.evaluate import estimate_loss
+from gpt.train.optim import learning_rate
+from gpt.train.records import RunRecords, Summary
+from gpt.train.resume import open_run_dir, resume_command
+from gpt.train.signals import SignalGuard
+from gpt.train.state import Checkpointer
+
+
+def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, overrides: list[str] | None = None,
+          script: str = "scripts/train.py") -> Summary:
+    """Train the model a RunConfig describes, writing everything into run_dir.
+
+    Under torchrun, every rank calls this; rank 0's run_dir is used by all and only rank 0 writes.
+    """
+    device = resolve_device(run.device.type)
+    attention.check_trainable(run.model.attention, device, run.model.dropout)
+    precision = resolve_precision(run.precision, device)
+    ranks, device = distributed.setup(device)
+    try:
+        run_dir = Path(distributed.broadcast(str(run_dir), ranks))
+        trainer = Trainer(run, run_dir, ranks, device, precision, log if ranks.is_main else (lambda message: None))
+        return trainer.train(overrides or [], script)
+    except AbortRun:
+        if ranks.is_main:
+            raise
+        raise SystemExit(2) from None
+    finally:
+        distributed.cleanup(ranks)
+
+
+@dataclass
+class StepResult:
+    """What every rank agreed on after one optimizer step."""
+
+    loss: float  # mean over micro-steps and ranks
+    grad_norm: float  # before clipping
+    lr: float
+    signalled: bool  # a stop signal reached some rank
+
+
+class Trainer:
+    """Owns a run's parts (data, training state, checkpointer, records) and steps them to max_iters."""
+
+    def __init__(self, run: RunConfig, run_dir: Path, ranks: Ranks, device: torch.device, precision: str,
+                 log: Callable[[str], None]) -> None:
+        self.run, self.cfg, self.run_dir, self.ranks = run, run.train, run_dir, ranks
+        self.device, self.precision, self.autocast = device, precision, autocast(device, precision)
+        self.started = time.time()
+        self.records = RunRecords(run_dir, log, enabled=ranks.is_main)
+        self.run_config = asdict(run)
+        self.data = build.load_data(run, ranks, log)
+        self.config, init_weights = build.model_config(run, self.data, log)
+        self.data.check_block_size(self.config.block_size)
+        if device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls
+            torch.backends.cudnn.allow_tf32 = True
+            torch.cuda.reset_peak_memory_stats(device)
+        resume_from = self._on_main(lambda: open_run_dir(run_dir, run.resume, self.config, self.run_config, log))
+        self.resumed = resume_from is not None
+        self.state = build.initial_state(self.config, run, precision, device, ranks)
+        if resume_from is not None:
+            self.state.load_state_dict(resume_from, ranks, log)
+            log(f"resumed from {run_dir / checkpoint.LATEST} at step {self.state.step}")
+        elif init_weights is not None:
+            self.state.model.load_state_dict(init_weights)
+        del resume_from, init_weights
+        self.model = build.maybe_compile(self.state.model, self.cfg.compile, device, log)  # evaluation: no DDP
+        self.train_model = build.data_parallel(self.model, device, ranks)
+        self.compiled_first_step = self.model is not self.state.model
+        self.checkpointer = Checkpointer(run_dir, ranks, self.config, self.data.tokenizer.to_meta(), self.run_config)
+        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * ranks.world_size * self.config.block_size
+        self.throughput = metrics.Throughput(self.tokens_per_step)
+        self.n_params = self.state.model.num_params()
+        self.peak_flops = metrics.peak_flops(device, precision)
+
+    def _on_main(self, fn: Callable[[], Any]) -> Any:
+        """Rank 0's result of ``fn``, on every rank; a UserError there stops every rank."""
+        result = None
+        if self.ranks.is_main:
+            try:
+                result = fn()
+            except UserError as err:
+                result = AbortRun(str(err), err.hint)
+        result = distributed.broadcast(result, self.ranks)
+        if isinstance(result, AbortRun):
+            raise result
+        return result
+
+    def train(self, overrides: list[str], script: str) -> Summary:
+        """Evaluate when due and step until max_iters or a stop signal; then the summary and a sample."""
+        self.records.open(self.run_config, overrides, self.resumed, self.state.step, self.cfg.max_iters)
+        self.records.log(self.describe())
+        interrupted_by = None
+        with SignalGuard(verbose=self.ranks.is_main) as signals:
+            while True:
+                if self.evaluation_due():
+                    self.evaluate()
+                if self.state.step >= self.cfg.max_iters:
+                    break
+                result = self.train_step(signals)
+                self.report(result)
+                if result.signalled:
+                    interrupted_by = signals.received or "a signal on another rank"
+                    self.checkpointer.save(self.state, best=False)
+                    break
+        return self.finish(interrupted_by, overrides, resume_command(overrides, self.run_dir, script))
+
+    def describe(self) -> str:
+        c, cfg, world = self.config, self.cfg, self.ranks.world_size
+        fused = ", fused AdamW" if self.state.optimizer.defaults.get("fused") else ""
+        return (
+            f"model: {self.n_params / 1e6:.2f}M parameters ({c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
+            f"context {c.block_size}, attention={c.attention}); device {self.device} x {world} ({self.precision}{fused})\n"
+            f"batch: {cfg.batch_size} sequences x {cfg.grad_accum} micro-steps x {world} process(es) "
+            f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step"
+        )
+
+    def evaluation_due(self) -> bool:
+        step = self.state.step
+        return (step % self.cfg.eval_interval == 0 or step == self.cfg.max_iters) and not self.state.evaluated
+
+    def evaluate(self) -> None:
+        """Both splits' losses; TensorBoard samples; a checkpoint (best.pt too when val improved)."""
+        state, step = self.state, self.state.step
+        losses = estimate_loss(self.model, self.data, batches=self.cfg.eval_iters, batch_size=self.cfg.batch_size,
+                               block_size=self.config.block_size, seed=self.run.seed, device=self.device,
+                               autocast=self.autocast, ranks=self.ranks)
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise AbortRun(f"non-finite evaluation loss at step {step} (train {losses['train']}, val {losses['val']}); "
+                           f"stopped without saving: {self.checkpointer.latest} holds the last good state",
+                           hint="lower train.learning_rate or raise train.warmup_iters, then resume=true")
+        improved = losses["val"] < state.best_val_loss
+        state.last_eval, state.best_val_loss, state.evaluated = losses, min(state.best_val_loss, losses["val"]), True
+        self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"]})
+        self.records.pictures(lambda writer: visuals.log_samples(
+            writer, state.model, self.data, self.cfg.sample_tokens, self.run.seed, self.device, self.autocast, step))
+        self.checkpointer.save(state, best=improved)
+        self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        self.throughput.restart_window()
+
+    def train_step(self, signals: SignalGuard) -> StepResult:
+        """One optimizer step: grad_accum micro-steps, clipping, one agreement of all ranks, the update."""
+        started, state = time.time(), self.state
+        lr = learning_rate(state.step, self.cfg)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.cfg.grad_accum):
+            loss_sum += self.forward_backward(last=micro == self.cfg.grad_accum - 1)
+        state.scaler.unscale_(state.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.cfg.grad_clip or math.inf)
+        result, nonfinite = self.agree(loss_sum, grad_norm, signals.received is not None, lr)
+        if nonfinite:
+            self.skip_update(result)
+        else:
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.evaluated = False
+        self.throughput.step_done(time.time() - started)
+        return result
+
+    def forward_backward(self, last: bool) -> torch.Tensor:
+        """One micro-step on the next batch; gradients are all-reduced only on the ``last`` one. Returns the loss."""
+        x, y = self.next_batch()
+        in_step = self.train_model.no_sync() if self.ranks.enabled and not last else contextlib.nullcontext()
+        with in_step:
+            try:
+                with self.autocast:
+                    _, loss = self.train_model(x, y)
+            except Exception as err:  # a compiler failure on first use: say so once, go eager
+                if not self.compiled_first_step:
+                    raise
+                self.records.log(f"torch.compile failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}): "
+                                 "running eager")
+                self.model = self.state.model
+                self.train_model = build.data_parallel(self.model, self.device, self.ranks)
+                with self.autocast:
+                    _, loss = self.train_model(x, y)
+            self.compiled_first_step = False
+            self.state.scaler.scale(loss / self.cfg.grad_accum).backward()
+        return loss.detach().float()
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of the next windows: every rank draws every slot, so the generator stays in step."""
+        block, mine = self.config.block_size, []
+        for slot in range(self.ranks.world_size):
+            starts = self.data.random_starts("train", self.cfg.batch_size, block, self.state.data_generator)
+            if slot == self.ranks.rank:
+                mine = starts
+        return self.data.windows("train", mine, block, self.device)
+
+    def agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, signal_received: bool,
+              lr: float) -> tuple[StepResult, bool]:
+        """One all-reduce (and one host sync) per step: mean loss, any non-finite value, any stop signal."""
+        nonfinite = ~torch.isfinite(loss_sum)
+        if self.precision != "fp16":  # with fp16 the GradScaler skips overflowing gradients itself
+            nonfinite |= ~torch.isfinite(grad_norm)
+        stats = torch.stack([loss_sum / self.cfg.grad_accum, nonfinite.float(),
+                             torch.tensor(float(signal_received), device=self.device)])
+        distributed.all_reduce_sum(stats, self.ranks)
+        loss, nonfinite_count, signal_count, norm = torch.cat([stats, grad_norm.reshape(1).float()]).tolist()
+        return StepResult(loss / self.ranks.world_size, norm, lr, signal_count > 0), nonfinite_count > 0
+
+    def skip_update(self, result: StepResult) -> None:
+        """Drop a step whose loss or gradient is not finite, or stop once train.skip_nonfinite are used up."""
+        state = self.state
+        what = f"loss {result.loss}" if not math.isfinite(result.loss) else f"gradient norm {result.grad_norm}"
+        state.optimizer.zero_grad(set_to_none=True)
+        state.scaler.update()
+        if state.skipped >= self.cfg.skip_nonfinite:
+            raise AbortRun(
+                f"non-finite {what} at step {state.step + 1}; stopped without saving it: "
+                f"{self.checkpointer.latest} holds the last good state"
+                + (f" ({state.skipped} such step(s) skipped before)" if state.skipped else ""),
+                hint="lower train.learning_rate or raise train.warmup_iters and resume with resume=true, "
+                     "or let train.skip_nonfinite=N skip up to N such steps",
+            )
+        state.skipped += 1
+        self.records.say(f"step {state.step + 1}: non-finite {what}, update skipped "
+                         f"({state.skipped} of train.skip_nonfinite={self.cfg.skip_nonfinite})")
+
+    def report(self, result: StepResult) -> None:
+        """Every log_interval steps (and the last): TensorBoard scalars and a line or the progress bar's figures."""
+        step, cfg = self.state.step, self.cfg
+        if step % cfg.log_interval == 0 or step == cfg.max_iters:
+            tok_s = self.throughput.window_rate()
+            mfu = metrics.mfu(tok_s / self.ranks.world_size, self.config, self.n_params, self.peak_flops)
+            self.records.scalars(step, {"train/loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+                                        "tokens_per_sec": tok_s, "mfu": mfu})
+            eta = _duration(self.throughput.eta_seconds(cfg.max_iters - step))
+            self.records.progress(
+                f"step {step}/{cfg.max_iters}: loss {result.loss:.4f}, lr {result.lr:.2e}, grad norm "
+                f"{result.grad_norm:.3f}, {tok_s:,.0f} tok/s" + (f", mfu {mfu:.1%}" if mfu is not None else "")
+                + f", eta {eta}", loss=f"{result.loss:.3f}", tok_s=f"{tok_s:,.0f}")
+        self.records.advance()
+
+    def finish(self, interrupted_by: str | None, overrides: list[str], resume: str) -> Summary:
+        """summary.json, then the resume command (interrupted) or a sample and the closing lines."""
+        state = self.state
+        summary = Summary(
+            params=self.n_params, step=state.step, tokens=state.step * self.tokens_per_step,
+            best_val_loss=state.best_val_loss, final_train_loss=state.last_eval.get("train", math.nan),
+            final_val_loss=state.last_eval.get("val", math.nan), tokens_per_sec=self.throughput.run_rate(),
+            peak_memory_bytes=metrics.peak_memory_bytes(self.device), wall_s=time.time() - self.started,
+            ckpt=self.checkpointer.latest, interrupted=interrupted_by is not None, resume_command=resume,
+        )
+        self.records.close(summary, {"overrides": overrides, "attention": self.config.attention,
+                                     "device": str(self.device), "precision": self.precision,
+                                     "world_size": self.ranks.world_size})
+        if interrupted_by is not None:
+            self.records.log(f"stopped by {interrupted_by} after step {state.step}; checkpoint saved: {summary.ckpt}\n"
+                             f"resume with: {resume}")
+            return summary
+        if self.ranks.is_main and self.cfg.sample_tokens > 0:
+            state.model.eval()
+            text = visuals.sample_text(state.model, self.data, "", self.cfg.sample_tokens, self.run.seed, self.device,
+                                       self.autocast)
+            self.records.log("sample:\n" + text + "\n" + "-" * 40)
+        self.records.log(
+            f"done: {self.n_params / 1e6:.2f}M parameters, {summary.tokens:,} tokens seen, "
+            f"best val loss {summary.best_val_loss:.4f}, {summary.tokens_per_sec:,.0f} tokens/s, "
+            f"{summary.wall_s:.0f}s wall time\n"
+            f"checkpoint: {summary.ckpt} (best: {self.run_dir / checkpoint.BEST})\n"
+            f"sample from it: python scripts/generate.py ckpt={self.run_dir}"
+        )
+        return summary
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
