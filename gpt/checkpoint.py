@@ -62,9 +62,37 @@ def model_entries(state: dict[str, torch.Tensor], config: GPTConfig, tokenizer: 
     return {"model": state, "model_config": config.to_dict(), "tokenizer": tokenizer}
 
 
-def read_model(payload: dict[str, Any]) -> tuple[GPTConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """GPTConfig, state dict and tokenizer description from a loaded checkpoint."""
-    return GPTConfig.from_dict(payload["model_config"]), payload["model"], payload["tokenizer"]
+def read_model(payload: dict[str, Any], source: str | Path = "the checkpoint") -> tuple[
+        GPTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """GPTConfig, state dict and tokenizer description from a loaded checkpoint, each checked (UserError)."""
+    missing = [key for key in MODEL_ENTRIES if key not in payload]
+    if missing:
+        raise UserError(f"{source} has no {', '.join(missing)} entry", hint="it was not written by this framework")
+    if not isinstance(payload["model_config"], dict) or not isinstance(payload["tokenizer"], dict):
+        raise UserError(f"{source}: model_config and tokenizer must be dicts")
+    config = GPTConfig.from_dict(payload["model_config"])
+    check_model_state(config, payload["model"], source)
+    return config, payload["model"], payload["tokenizer"]
+
+
+def check_model_state(config: GPTConfig, state: Any, source: str | Path = "the checkpoint") -> None:
+    """Refuse a state dict whose names or shapes are not those of GPT(config), naming the first difference."""
+    from gpt.model import GPT  # here, not at the top: the model imports nothing of checkpoints
+
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{source}: the model entry is not a dict of tensors")
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise UserError(f"{source}: the weights do not match the model config ({what}; "
+                        f"{len(missing)} missing, {len(unexpected)} unexpected)",
+                        hint="the file is damaged or its config belongs to another model")
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise UserError(f"{source}: {name} has shape {tuple(state[name].shape)}, the model config says {shape}",
+                            hint="the file is damaged or its config belongs to another model")
 
 
 def resolve(ckpt: str | Path) -> Path:

@@ -5,11 +5,12 @@ the dataclasses check the values when they are built. Nothing else under gpt/ im
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from gpt.config import MISSING, AttentionConfig, GPTConfig, ModelConfig
@@ -19,8 +20,23 @@ from gpt.errors import ConfigError
 from gpt.train.config import RunConfig
 
 
-def typed(cfg: Any) -> Any:
+def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
+    """Hydra's ``+key=value`` adds keys that no schema declares: refuse them, listing the valid ones."""
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        known = [f.name for f in dataclasses.fields(schema)]
+        unknown = [key for key in node.keys() if key not in known]
+        if unknown:
+            raise ConfigError(f"unknown config key {where}{unknown[0]}; valid keys{' of ' + where[:-1] if where else ''}: "
+                              f"{', '.join(known)}", hint="check the spelling; keys added with + must exist in the schema")
+    for key, child in node.items_ex(resolve=False):
+        if isinstance(child, DictConfig):
+            refuse_unknown_keys(child, f"{where}{key}.")
+
+
+def typed(cfg: DictConfig) -> Any:
     """The composed config as its dataclass; every dataclass validates itself as it is built (ConfigError)."""
+    refuse_unknown_keys(cfg)
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:

@@ -48,7 +48,11 @@ def test_a_value_the_schema_accepts_but_the_dataclass_refuses_is_a_config_error(
                               ("train.beta2=1.5", "train.beta2 must be in [0, 1), got 1.5"),
                               ("data.name=a/b", "data.name must be a plain folder name"),
                               ("model.n_head=5", "must be divisible by model.n_head (5)"),
-                              ("precision=fp8", "unknown precision 'fp8'")]:
+                              ("precision=fp8", "unknown precision 'fp8'"),
+                              ("+train.lerning_rate=1", "unknown config key train.lerning_rate; valid keys of train: "
+                                                        "max_iters, batch_size"),
+                              ("+model.n_layers=3", "unknown config key model.n_layers; valid keys of model: n_layer"),
+                              ("+sed=3", "unknown config key sed; valid keys: model, attention")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             typed(compose_train(override, "out_dir=x"))
     with pytest.raises(ConfigError, match="data.path must be given"):

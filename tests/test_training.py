@@ -206,10 +206,10 @@ def test_a_fresh_run_refuses_an_out_dir_that_holds_a_checkpoint(reference):
     state = load(run_dir)
     model_config = GPTConfig.from_dict(state["model_config"])
     with pytest.raises(UserError, match="already holds a checkpoint") as err:
-        resume_state(run_dir, False, model_config, state["config"], print)
+        resume_state(run_dir, False, model_config, state["tokenizer"], state["config"], print)
     assert "resume=true" in err.value.hint
     notes = []
-    resumed = resume_state(run_dir, True, model_config, {**state["config"], "seed": 7}, notes.append)
+    resumed = resume_state(run_dir, True, model_config, state["tokenizer"], {**state["config"], "seed": 7}, notes.append)
     assert resumed["step"] == 12 and notes == ["note: resuming with changed settings: seed: 1337 -> 7"]
 
 

@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from gpt import checkpoint
 from gpt.config import GPTConfig
 from gpt.errors import UserError
@@ -24,13 +26,14 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, config: dict[str, Any],
-                 log: Callable[[str], None]) -> dict[str, Any] | None:
+def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer: dict[str, Any],
+                 config: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any] | None:
     """The training state in run_dir to continue from, or None to start afresh; UserError when refused.
 
     Without ``resume``, an existing checkpoint is refused (it would be overwritten). With it, a missing
     checkpoint means starting from step 0 (a run killed before its first save), and a checkpoint whose
-    model has another shape is refused, naming the fields. Other changed settings are logged.
+    model has another shape, or whose tokenizer is not the data's, is refused, naming what differs. Other
+    changed settings are logged.
     """
     path = run_dir / checkpoint.LATEST
     if not path.exists():
@@ -49,6 +52,11 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, config: d
     if diffs:
         raise UserError(f"cannot resume {path} with a model of another shape: {'; '.join(diffs)}",
                         hint="resume with the run's model settings, or start a new run in another out_dir")
+    if state.get("tokenizer") != tokenizer:
+        raise UserError(f"cannot resume {path}: its tokenizer ({_describe(state.get('tokenizer'))}) is not the data's "
+                        f"({_describe(tokenizer)})", hint="resume with the data.* settings the run was trained with")
+    checkpoint.read_model(state, path)
+    check_training_entries(state, path)
     before, now = flatten(state.get("config", {})), flatten(config)
     changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
@@ -57,10 +65,41 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, config: d
     return state
 
 
-def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, config: dict[str, Any],
-                 log: Callable[[str], None]) -> dict[str, Any] | None:
+def _describe(tokenizer: Any) -> str:
+    if not isinstance(tokenizer, dict):
+        return "none recorded"
+    same_size = "; a vocabulary of the same size can still differ" if tokenizer.get("kind") == "char" else ""
+    return f"{tokenizer.get('kind')}, {tokenizer.get('vocab_size')} tokens{same_size}"
+
+
+# The type of each training entry, and of each RNG state's parts: a checkpoint that disagrees is refused.
+ENTRY_TYPES = {"step": int, "best_val_loss": float, "evaluated": bool, "eval": dict, "skipped": int,
+               "optimizer": dict, "scaler": dict, "rng": list, "data": dict}
+RNG_TYPES = {"python": list, "numpy": dict, "torch": torch.Tensor, "cuda": list}
+
+
+def check_training_entries(state: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose training entries have the wrong types, naming the entry."""
+    problems = [name for name, kind in ENTRY_TYPES.items()
+                if not isinstance(state.get(name), kind) or (kind is int and isinstance(state.get(name), bool))]
+    if not problems:
+        generator = state["data"].get("train_generator")
+        if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8:
+            problems.append("data.train_generator")
+        for i, rng in enumerate(state["rng"]):
+            if not isinstance(rng, dict) or any(not isinstance(rng.get(k), t) for k, t in RNG_TYPES.items()):
+                problems.append(f"rng[{i}]")
+            elif rng["torch"].dtype != torch.uint8 or not isinstance(rng["numpy"].get("keys"), torch.Tensor):
+                problems.append(f"rng[{i}]")
+    if problems:
+        raise UserError(f"{path} cannot be resumed: its {problems[0]} entry has the wrong type or is missing",
+                        hint="the checkpoint is damaged; resume from a good copy or start a new run")
+
+
+def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer: dict[str, Any],
+                 config: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any] | None:
     """Rank 0: the state to resume from (None: afresh), once run_dir is known to be creatable and writable."""
-    state = resume_state(run_dir, resume, model_config, config, log)
+    state = resume_state(run_dir, resume, model_config, tokenizer, config, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(run_dir, os.W_OK):

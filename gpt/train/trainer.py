@@ -80,7 +80,9 @@ class Trainer:
             torch.set_float32_matmul_precision("high")  # TF32 matmuls
             torch.backends.cudnn.allow_tf32 = True
             torch.cuda.reset_peak_memory_stats(device)
-        resume_from = self._on_main(lambda: open_run_dir(run_dir, run.resume, self.config, self.run_config, log))
+        tokenizer = self.data.tokenizer.to_meta()
+        resume_from = self._on_main(
+            lambda: open_run_dir(run_dir, run.resume, self.config, tokenizer, self.run_config, log))
         self.resumed = resume_from is not None
         self.state = build.initial_state(self.config, run, precision, device, ranks)
         if resume_from is not None:
@@ -92,7 +94,7 @@ class Trainer:
         self.model = build.maybe_compile(self.state.model, self.cfg.compile, device, log)  # evaluation: no DDP
         self.train_model = build.data_parallel(self.model, device, ranks)
         self.compiled_first_step = self.model is not self.state.model
-        self.checkpointer = Checkpointer(run_dir, ranks, self.config, self.data.tokenizer.to_meta(), self.run_config)
+        self.checkpointer = Checkpointer(run_dir, ranks, self.config, tokenizer, self.run_config)
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * ranks.world_size * self.config.block_size
         self.throughput = metrics.Throughput(self.tokens_per_step)
         self.n_params = self.state.model.num_params()
