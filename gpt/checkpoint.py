@@ -30,10 +30,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], what: str 
     """Stream ``write(f)`` into a temporary file beside ``path``, fsync it, rename it over ``path``, fsync the folder.
 
     A crash at any moment leaves the old file or the new one, never a torn one. If writing fails (a full
-    disk), the temporary file is removed, the old file stays, and a UserError names ``what`` failed.
+    disk), the temporary file is removed, the old file stays, and a UserError names ``what`` failed. The
+    temporary name is unique to the process, so two writers never write into one file.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -49,6 +50,47 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], what: str 
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class FolderLock:
+    """One writer per folder: an exclusive lock (flock on ``folder/.lock``, which names the holder's process)
+    held from :meth:`acquire` to :meth:`release` or the process's end, whatever way it ends."""
+
+    def __init__(self, folder: str | Path, holder: str = "a run") -> None:
+        self.folder, self.holder = Path(folder), holder
+        self._file: Any = None
+
+    def acquire(self) -> "FolderLock":
+        """Take the lock, or refuse at once (UserError naming the process that holds it)."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no locking
+            return self
+        self._file = open(self.folder / ".lock", "a+", encoding="utf-8")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            pid = self._file.read().strip() or "unknown"
+            self._file.close()
+            self._file = None
+            raise UserError(f"{self.folder} is in use by {self.holder} (process {pid})",
+                            hint="wait for it to finish or stop it, or choose another folder") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"{os.getpid()}\n")
+        self._file.flush()
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the file releases the flock
+            self._file = None
+
+    def remove_stale_temporaries(self) -> None:
+        """Delete temporary files that writers killed mid-write left in the folder (only the holder may)."""
+        for tmp in self.folder.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def save(payload: dict[str, Any], path: str | Path) -> None:

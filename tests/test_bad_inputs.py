@@ -67,6 +67,11 @@ CASES = {
     "fresh run into an existing run": ([], "already holds a checkpoint"),
     "resume with another model shape": (["resume=true", "model.n_embd=64"], "model.n_embd"),
     "out_dir not writable": (["out_dir={root}/not_a_dir/run"], "cannot be written: Not a directory"),
+    "a model too large for memory": (["model.n_layer=96", "model.n_embd=16384", "model.n_head=128", "out_dir={root}/big"],
+                                     "out of memory: 309,"),
+    "a batch too large for memory": (["train.batch_size=100000000", "out_dir={root}/big"], "out of memory:"),
+    "a misspelt key added with +": (["+train.lerning_rate=0.1"], "unknown config key train.lerning_rate"),
+    "a NaN learning rate": (["train.learning_rate=nan"], "train.learning_rate must be positive, got nan"),
 }
 
 

@@ -53,7 +53,7 @@ class _FullDisk(io.FileIO):
         super().write(bytes(data)[:100])
         raise OSError(errno.ENOSPC, 'No space left on device')
 def _open_full(file, mode='r', *args, **kwargs):
-    if Path(str(file)).name == '.ckpt.pt.tmp':
+    if Path(str(file)).name.startswith('.ckpt.pt.') and str(file).endswith('.tmp'):
         _count[0] += 1
         if _count[0] == 2:
             return _FullDisk(file, 'wb')
@@ -155,14 +155,14 @@ def test_failed_write_then_kill_in_a_save_then_sigterm_and_three_resumes_end_bit
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
     assert failed.stderr.startswith(f"error: could not write checkpoint {run_dir / 'ckpt.pt'}: No space left on device")
     assert "the previous checkpoint is unchanged" in failed.stderr
-    assert load(run_dir)["step"] == 0 and not (run_dir / ".ckpt.pt.tmp").exists()
+    assert load(run_dir)["step"] == 0 and not list(run_dir.glob(".ckpt.pt.*.tmp"))
 
     # 2. resumed, then SIGKILLed in the middle of the step-8 save (data written, not yet renamed)
     proc = start(*common, "resume=true", fault=PAUSE_IN_SECOND_SAVE)
     assert "resumed from" in wait_for(proc, "IN SAVE")
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
-    assert (run_dir / ".ckpt.pt.tmp").exists()
+    assert list(run_dir.glob(".ckpt.pt.*.tmp"))  # the killed process's own temporary file
     assert load(run_dir)["step"] == 4  # the previous checkpoint, intact
 
     # 3. resumed again, then SIGTERM (a preemption): finish the step, save, print the resume command, exit 0
@@ -182,6 +182,7 @@ def test_failed_write_then_kill_in_a_save_then_sigterm_and_three_resumes_end_bit
     result = train(*args[2:])
     assert result.returncode == 0, result.stderr
     assert_same(final_state(run_dir), final_state(reference[0]))
+    assert not list(run_dir.glob(".*.tmp"))  # what the killed process left was cleared by the next run
     # the run's own .hydra/config.yaml is kept; each resume records its config beside it
     assert "resume: false" in (run_dir / ".hydra" / "config.yaml").read_text()
     assert len(list((run_dir / ".hydra").glob("resume-*/config.yaml"))) >= 1
@@ -326,3 +327,18 @@ def test_two_gloo_processes_agree_to_stop_resume_and_match_one_process_with_grad
     assert ddp["step"] == one["step"] == 6
     for name, tensor in one["model"].items():
         torch.testing.assert_close(ddp["model"][name], tensor, rtol=1e-4, atol=1e-6)
+
+
+def test_a_second_process_cannot_write_into_a_run_that_is_still_training(data_args, tmp_path):
+    run_dir = tmp_path / "run"
+    long_run = [a for a in RUN if not a.startswith("train.max_iters")] + ["train.max_iters=100000"]
+    proc = start(*long_run, *data_args, f"out_dir={run_dir}")
+    try:
+        wait_for(proc, "step 4: train loss")  # the first checkpoint is written
+        second = train(*long_run, *data_args, f"out_dir={run_dir}", "resume=true")
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+        assert second.stderr.startswith(f"error: {run_dir} is in use by another training run (process {proc.pid})")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not list((run_dir / ".hydra").glob("resume-*"))  # the refused resume recorded nothing

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,6 +17,7 @@ from gpt import pretrained
 from gpt.config import GPTConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
+from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.train import distributed
 from gpt.train.config import RunConfig
@@ -49,6 +51,37 @@ def model_config(run: RunConfig, data: TokenData, log: Callable[[str], None]) ->
         )
     log(f"initialised from {run.init_from}: model.* sizes come from its weights")
     return init_config.with_runtime_of(config), init_state
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free on the device now (CUDA), or the memory the OS reports available (Linux CPU); None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(config: GPTConfig, batch_size: int, device: torch.device) -> None:
+    """Refuse, before allocating, a run whose smallest need exceeds the memory available.
+
+    The lower bound counted: fp32 weights, gradients and AdamW's two moments (16 bytes per parameter) and
+    one micro-batch of fp32 logits with their gradient (8 bytes per logit). Activations come on top.
+    """
+    with torch.device("meta"):
+        n_params = GPT(config).num_params(non_embedding=False)
+    need = 16 * n_params + 8 * batch_size * config.block_size * config.vocab_size
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise UserError(
+            f"out of memory: {n_params / 1e6:,.1f}M parameters and batches of {batch_size} x {config.block_size} "
+            f"tokens need at least {need / 2**30:,.1f} GiB (weights, gradients, AdamW state, logits), "
+            f"but {device} has {free / 2**30:,.1f} GiB available",
+            hint="a smaller model, or a smaller train.batch_size with a larger train.grad_accum")
 
 
 def initial_state(config: GPTConfig, run: RunConfig, precision: str, device: torch.device, ranks: Ranks) -> TrainState:

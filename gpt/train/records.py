@@ -17,6 +17,8 @@ from typing import Any, Callable
 import yaml
 from tqdm import tqdm
 
+from gpt.checkpoint import atomic_write
+from gpt.errors import UserError
 from gpt.train import visuals
 
 SUMMARY_FILE = "summary.json"
@@ -50,8 +52,9 @@ def record_config(run_dir: Path, config: dict[str, Any], overrides: list[str], r
     if resumed:
         folder = folder / time.strftime("resume-%Y-%m-%d_%H-%M-%S")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    for name, value in (("config.yaml", config), ("overrides.yaml", list(overrides))):
+        text = yaml.safe_dump(value, sort_keys=False).encode()
+        atomic_write(folder / name, lambda f: f.write(text), what="the run's config record")
 
 
 class RunRecords:
@@ -84,8 +87,12 @@ class RunRecords:
             return
         self._log(message)
         if self._log_file is not None:
-            with open(self._log_file, "a", encoding="utf-8") as f:
-                f.write(message + "\n")
+            try:
+                with open(self._log_file, "a", encoding="utf-8") as f:
+                    f.write(message + "\n")
+            except OSError as err:
+                raise UserError(f"could not write {self._log_file}: {err.strerror or err}",
+                                hint="free disk space; the checkpoints written so far are unchanged") from None
 
     def say(self, message: str) -> None:
         """A line that must not tear the progress bar: above it when interactive, else a log line."""
@@ -124,5 +131,5 @@ class RunRecords:
         if self.writer is not None:
             self.writer.close()
         if self.enabled and summary is not None:
-            record = {**asdict(summary), "ckpt": str(summary.ckpt), **(context or {})}
-            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            text = json.dumps({**asdict(summary), "ckpt": str(summary.ckpt), **(context or {})}, indent=2) + "\n"
+            atomic_write(self.run_dir / SUMMARY_FILE, lambda f: f.write(text.encode()), what="the run's summary")

@@ -97,16 +97,18 @@ def check_training_entries(state: dict[str, Any], path: Path) -> None:
 
 
 def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer: dict[str, Any],
-                 config: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any] | None:
-    """Rank 0: the state to resume from (None: afresh), once run_dir is known to be creatable and writable."""
+                 config: dict[str, Any], lock: checkpoint.FolderLock, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Rank 0: the state to resume from (None: afresh), with run_dir created, writable and locked for this run."""
     state = resume_state(run_dir, resume, model_config, tokenizer, config, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(run_dir, os.W_OK):
             raise PermissionError(13, "Permission denied")
+        lock.acquire()
     except OSError as err:
         raise UserError(f"out_dir {str(run_dir)!r} cannot be written: {err.strerror or err}",
                         hint="choose another out_dir=, a folder you can write to") from None
+    lock.remove_stale_temporaries()
     return state
 
 

@@ -41,16 +41,35 @@ def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, ove
     attention.check_trainable(run.model.attention, device, run.model.dropout)
     precision = resolve_precision(run.precision, device)
     ranks, device = distributed.setup(device)
+    run_dir = Path(distributed.broadcast(str(run_dir), ranks))
+    lock = checkpoint.FolderLock(run_dir, "another training run")  # taken by rank 0 once the checks pass
     try:
-        run_dir = Path(distributed.broadcast(str(run_dir), ranks))
-        trainer = Trainer(run, run_dir, ranks, device, precision, log if ranks.is_main else (lambda message: None))
+        trainer = Trainer(run, run_dir, ranks, device, precision, lock, log if ranks.is_main else (lambda m: None))
         return trainer.train(overrides or [], script)
     except AbortRun:
         if ranks.is_main:
             raise
         raise SystemExit(2) from None
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        raise out_of_memory(err, run, device) from None
     finally:
+        lock.release()
         distributed.cleanup(ranks)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(err)
+
+
+def out_of_memory(err: BaseException, run: RunConfig, device: torch.device) -> UserError:
+    """An allocator failure as a user error naming the sizes involved."""
+    text, m, t = str(err), run.model, run.train
+    return UserError(
+        f"out of memory on {device} ({text.splitlines()[0][:160] if text else type(err).__name__}) with "
+        f"{m.n_layer} layers x {m.n_embd} wide, {t.batch_size} sequences x {m.block_size} tokens per micro-step",
+        hint="lower train.batch_size and raise train.grad_accum (same tokens per step), or use a smaller model")
 
 
 @dataclass
@@ -67,7 +86,7 @@ class Trainer:
     """Owns a run's parts (data, training state, checkpointer, records) and steps them to max_iters."""
 
     def __init__(self, run: RunConfig, run_dir: Path, ranks: Ranks, device: torch.device, precision: str,
-                 log: Callable[[str], None]) -> None:
+                 lock: checkpoint.FolderLock, log: Callable[[str], None]) -> None:
         self.run, self.cfg, self.run_dir, self.ranks = run, run.train, run_dir, ranks
         self.device, self.precision, self.autocast = device, precision, autocast(device, precision)
         self.started = time.time()
@@ -76,13 +95,14 @@ class Trainer:
         self.data = build.load_data(run, ranks, log)
         self.config, init_weights = build.model_config(run, self.data, log)
         self.data.check_block_size(self.config.block_size)
+        build.check_fits(self.config, self.cfg.batch_size, device)  # before anything is allocated or written
         if device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 matmuls
             torch.backends.cudnn.allow_tf32 = True
             torch.cuda.reset_peak_memory_stats(device)
         tokenizer = self.data.tokenizer.to_meta()
         resume_from = self._on_main(
-            lambda: open_run_dir(run_dir, run.resume, self.config, tokenizer, self.run_config, log))
+            lambda: open_run_dir(run_dir, run.resume, self.config, tokenizer, self.run_config, lock, log))
         self.resumed = resume_from is not None
         self.state = build.initial_state(self.config, run, precision, device, ranks)
         if resume_from is not None:
