@@ -65,6 +65,12 @@ class GPTConfig:
                 f"attention.backend={self.attention_backend} is not a backend of attention={self.attention}; "
                 + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
             )
+        wanted = {}  # the kernel options this shape needs, checked against what the kernel declares
+        if self.window is not None:
+            wanted["window"] = (f"model.window={self.window}", "model.window=null")
+        if self.n_kv_head != self.n_head:
+            wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
+        attention.check_options(self.attention, wanted)
 
     @property
     def head_dim(self) -> int:
