@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from gpt import GPT, attention
 from gpt.data.config import DataConfig
