@@ -1,9 +1,10 @@
 # make train: install what is missing, prepare the default data if needed, train model=small.
-# make test:  install the package with its test extra, run the test suite.
+# make test:  install the package with its test extra, run the whole test suite.
+# make test-fast: the same without the tests marked slow (those that start the scripts as processes).
 PYTHON ?= python3
 ARGS ?=
 
-.PHONY: train test install install-dev clean
+.PHONY: train test test-fast install install-dev clean
 
 train: install
 	$(PYTHON) scripts/train.py model=small $(ARGS)
@@ -11,14 +12,17 @@ train: install
 test: install-dev
 	$(PYTHON) -m pytest $(ARGS)
 
+test-fast: install-dev
+	$(PYTHON) -m pytest -m "not slow" $(ARGS)
+
 # Install only when something is missing, so repeated runs cost nothing (and no network is needed).
 install:
 	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors" 2>/dev/null \
 		|| $(PYTHON) -m pip install -e .
 
 install-dev:
-	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, pytest, hypothesis" 2>/dev/null \
-		|| $(PYTHON) -m pip install -e ".[dev]"
+	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, \
+		pytest, hypothesis, ruff" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
 
 clean:
 	rm -rf runs outputs multirun .pytest_cache

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 import torch
 
@@ -43,8 +44,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], what: str 
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise UserError(f"could not write {what} {path}: {err.strerror or err}",
-                        hint=hint or f"the previous {path.name} is unchanged; free disk space or write elsewhere") from None
+        hint = hint or f"the previous {path.name} is unchanged; free disk space or write elsewhere"
+        raise UserError(f"could not write {what} {path}: {err.strerror or err}", hint=hint) from None
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -60,7 +61,7 @@ class FolderLock:
         self.folder, self.holder = Path(folder), holder
         self._file: Any = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         """Take the lock, or refuse at once (UserError naming the process that holds it)."""
         try:
             import fcntl

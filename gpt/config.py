@@ -56,10 +56,12 @@ class GPTConfig:
                 f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head ({self.n_kv_head}); "
                 f"pick n_kv_head among {[h for h in range(1, self.n_head + 1) if self.n_head % h == 0]}"
             )
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0):
+        window = self.window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
             raise ConfigError(f"model.window must be a positive integer or null, got {self.window!r}")
         if self.pos_embedding not in POS_EMBEDDINGS:
-            raise ConfigError(f"model.pos_embedding must be one of {', '.join(POS_EMBEDDINGS)}, got {self.pos_embedding!r}")
+            raise ConfigError(f"model.pos_embedding must be one of {', '.join(POS_EMBEDDINGS)}, "
+                              f"got {self.pos_embedding!r}")
         if self.pos_embedding == "rope" and self.head_dim % 2 != 0:
             raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
@@ -74,6 +76,12 @@ class GPTConfig:
                 f"attention.backend={self.attention_backend} is not a backend of attention={self.attention}; "
                 + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
             )
+        wanted = {}  # the kernel options this shape needs, checked against what the kernel declares
+        if self.window is not None:
+            wanted["window"] = (f"model.window={self.window}", "model.window=null")
+        if self.n_kv_head != self.n_head:
+            wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
+        attention.check_options(self.attention, wanted)
 
     @property
     def head_dim(self) -> int:
@@ -82,11 +90,11 @@ class GPTConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def with_runtime_of(self, other: "GPTConfig") -> "GPTConfig":
+    def with_runtime_of(self, other: GPTConfig) -> GPTConfig:
         """This architecture with ``other``'s runtime choices (RUNTIME_FIELDS)."""
         return replace(self, **{name: getattr(other, name) for name in self.RUNTIME_FIELDS})
 
-    def shape_differences(self, other: "GPTConfig | dict[str, Any]") -> list[str]:
+    def shape_differences(self, other: GPTConfig | dict[str, Any]) -> list[str]:
         """Fields (runtime ones aside) where ``other`` (e.g. a checkpoint's config) differs, as readable phrases."""
         mine, theirs, unset = self.to_dict(), other if isinstance(other, dict) else other.to_dict(), "(not set)"
         keys = sorted((set(mine) | set(theirs)) - set(self.RUNTIME_FIELDS))
@@ -94,7 +102,7 @@ class GPTConfig:
                 for k in keys if theirs.get(k, unset) != mine.get(k, unset)]
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
         """Build from a dict, refusing keys that are not GPTConfig fields (a typo or a newer checkpoint)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -27,8 +27,9 @@ def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
         known = [f.name for f in dataclasses.fields(schema)]
         unknown = [key for key in node.keys() if key not in known]
         if unknown:
-            raise ConfigError(f"unknown config key {where}{unknown[0]}; valid keys{' of ' + where[:-1] if where else ''}: "
-                              f"{', '.join(known)}", hint="check the spelling; keys added with + must exist in the schema")
+            of = f" of {where[:-1]}" if where else ""
+            raise ConfigError(f"unknown config key {where}{unknown[0]}; valid keys{of}: {', '.join(known)}",
+                              hint="check the spelling; keys added with + must exist in the schema")
     for key, child in node.items_ex(resolve=False):
         if isinstance(child, DictConfig):
             refuse_unknown_keys(child, f"{where}{key}.")
@@ -41,7 +42,8 @@ def typed(cfg: DictConfig) -> Any:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:
         key = err.full_key or str(err)
-        raise ConfigError(f"{key} must be given (it has no default)", hint=f"add {key}=<value> to the command") from None
+        raise ConfigError(f"{key} must be given (it has no default)",
+                          hint=f"add {key}=<value> to the command") from None
 
 
 @dataclass
@@ -55,7 +57,7 @@ class GenerateApp:
     temperature: float = 0.8  # 0: greedy
     top_k: Optional[int] = 200
     top_p: Optional[float] = None  # nucleus sampling, in (0, 1]
-    stop: List[str] = field(default_factory=list)  # stop before any of these strings
+    stop: list[str] = field(default_factory=list)  # stop before any of these strings
     kv_cache: bool = True  # false: recompute the whole context at every step
     num_samples: int = 1
     seed: int = 1337
@@ -78,7 +80,7 @@ class BenchDecodeApp:
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
     new_tokens: int = 500
-    prompt_lens: List[int] = field(default_factory=lambda: [1, 64])
+    prompt_lens: list[int] = field(default_factory=lambda: [1, 64])
     batch_size: int = 1
     repeats: int = 3
 
@@ -96,9 +98,9 @@ class VisualizeApp:
 
 @dataclass
 class BenchAttentionApp:
-    kernels: Optional[List[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
-    seq_lens: Optional[List[int]] = None  # default: 64..4096 on CPU, 512..16384 on CUDA
-    modes: List[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
+    kernels: Optional[list[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
+    seq_lens: Optional[list[int]] = None  # default: 64..4096 on CPU, 512..16384 on CUDA
+    modes: list[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
     batch_size: int = 1
     n_head: int = 8
     head_dim: int = 64
@@ -122,8 +124,8 @@ class BenchTrainApp:
     vocab_size: int = 256  # unless model.vocab_size is set (e.g. 50304 for GPT-2's padded vocabulary)
     batch_size: int = 16
     seq_len: Optional[int] = None  # default: model.block_size
-    compile: List[bool] = field(default_factory=lambda: [False, True])
-    precisions: List[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    compile: list[bool] = field(default_factory=lambda: [False, True])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
     warmup: int = 2  # untimed steps first (the first one also compiles)
     steps: int = 10
     learning_rate: float = 3e-4
@@ -139,7 +141,7 @@ class PrepareApp:
 
 
 def model_config(model: Any, vocab_size: int) -> GPTConfig:
-    """The validated GPTConfig for a model node (a ModelConfig or its DictConfig); vocab_size defaults to the tokenizer's."""
+    """The validated GPTConfig of a model node (a ModelConfig or its DictConfig); vocab_size defaults to the data's."""
     if not isinstance(model, ModelConfig):
         model = OmegaConf.to_object(model)
     return model.build(vocab_size)

@@ -1,4 +1,7 @@
-"""Attention kernels' time and memory against sequence length: python scripts/bench_attention.py [device=cpu] ["seq_lens=[64,128]"]"""
+"""Attention kernels' time and memory against sequence length.
+
+python scripts/bench_attention.py [device=cpu] ["seq_lens=[64,128]"]
+"""
 
 import hydra
 from omegaconf import DictConfig

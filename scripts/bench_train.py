@@ -1,4 +1,7 @@
-"""Training throughput (ms/step, tokens/s, peak memory, MFU), eager vs compile, fp32 vs bf16: python scripts/bench_train.py [model=gpt2]"""
+"""Training throughput (ms/step, tokens/s, peak memory, MFU), eager vs compile, fp32 vs bf16.
+
+python scripts/bench_train.py [model=gpt2]
+"""
 
 import hydra
 from omegaconf import DictConfig

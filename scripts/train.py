@@ -40,7 +40,8 @@ def main(cfg: DictConfig) -> None:
 
     def run():
         if hydra_cfg.mode == RunMode.MULTIRUN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise UserError("a Hydra multirun (-m) cannot run under torchrun", hint="launch one torchrun per configuration")
+            raise UserError("a Hydra multirun (-m) cannot run under torchrun",
+                            hint="launch one torchrun per configuration")
         return train(typed(cfg), run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
                      script=script_path())
 

@@ -28,22 +28,57 @@ needs_gpt2 = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def text_dir(tmp_path: Path) -> Path:
-    """A folder of small Python-like text files (enough for a tiny model's train and val splits)."""
-    folder = tmp_path / "corpus"
-    folder.mkdir()
+def write_corpus(folder: Path) -> Path:
+    """Twelve small Python-like text files in a new folder (enough for a tiny model's train and val splits)."""
+    folder.mkdir(parents=True)
     for i in range(12):
         body = "".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(40))
         (folder / f"mod{i:02d}.py").write_text(body)
     return folder
 
 
+@pytest.fixture
+def text_dir(tmp_path: Path) -> Path:
+    """The corpus of write_corpus, fresh for each test."""
+    return write_corpus(tmp_path / "corpus")
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Overrides that train on the corpus of write_corpus, prepared once per test module into its own data root."""
+    root = tmp_path_factory.mktemp("text")
+    corpus = write_corpus(root / "corpus")
+    return ["data=text", f"data.path={corpus}", f"data.root={root / 'data'}"]
+
+
+_in_slow_test = False  # whether the test being set up is marked slow (pytest_runtest_setup keeps it current)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Runs before any fixture of a test, so run_script knows whether the test may start a process."""
+    global _in_slow_test
+    _in_slow_test = item.get_closest_marker("slow") is not None
+
+
+def save_char_model(path: Path, chars: str, **sizes: int) -> None:
+    """A checkpoint file of a freshly initialised character model over ``chars`` (no training needed)."""
+    from gpt import GPT, GPTConfig, checkpoint
+    from gpt.tokenizer import CharTokenizer
+
+    config = GPTConfig(**sizes, vocab_size=len(chars))
+    checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
+                     "tokenizer": CharTokenizer(list(chars)).to_meta()}, path)
+
+
 def run_script(
     name: str, *args: str, cwd: Path | None = None, timeout: int = 300, input: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run scripts/<name>.py with args, as a user would, capturing its output; env adds variables."""
+    """Run scripts/<name>.py with args, as a user would, capturing its output; env adds variables.
+
+    Only from a test marked slow: ``make test-fast`` (-m "not slow") starts no process."""
+    if not _in_slow_test:
+        raise RuntimeError(f"run_script({name!r}) starts a process: mark the test @pytest.mark.slow")
     # PYTHONPATH: the scripts import this checkout's gpt package, whatever else is installed.
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

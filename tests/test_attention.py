@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from gpt import attention
+from gpt.attention import registry
 from gpt.attention.masks import causal_mask
 from gpt.errors import UserError
 
 KERNELS = attention.available()
-BACKWARD = [k for k in KERNELS if k != "flex"]  # flex has no backward on CPU (tested on GPU only)
+BACKWARD = [k for k in KERNELS if attention.spec(k).trains("cpu")]  # not flex: no CPU backward (tested on GPU only)
 
 
 def reference(q, k, v, causal=True, mask=None, scale=None, window=None):
@@ -29,7 +30,8 @@ def reference(q, k, v, causal=True, mask=None, scale=None, window=None):
                 p = i + t_k - t_q  # the query's position among the keys (bottom-right alignment)
                 keys = [
                     j for j in range(t_k)
-                    if (not causal or j <= p) and (window is None or j > p - window) and (mask is None or mask[b, h, i, j])
+                    if (not causal or j <= p) and (window is None or j > p - window)
+                    and (mask is None or mask[b, h, i, j])
                 ]
                 if not keys:
                     rows.append(torch.zeros(D, dtype=torch.float64))
@@ -85,7 +87,8 @@ def expected(i):
     if i not in _expected:
         c = GRID[i]
         q, k, v = make_qkv(H=c["H"], Hkv=c["Hkv"], Tq=c["Tq"], Tk=c["Tk"], seed=i)
-        kw = dict(causal=c["causal"], mask=make_mask(c["mask"], 2, c["H"], c["Tq"], c["Tk"]), scale=c["scale"], window=c["window"])
+        mask = make_mask(c["mask"], 2, c["H"], c["Tq"], c["Tk"])
+        kw = dict(causal=c["causal"], mask=mask, scale=c["scale"], window=c["window"])
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
         out = reference(*leaves, **kw)
         upstream = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)  # non-uniform
@@ -126,7 +129,8 @@ def test_the_grid_covers_what_it_claims(cases):
     assert {(c["Tq"], c["Tk"]) for c in grid} == {(5, 5), (3, 7)}
     assert {c["mask"] for c in grid} == {None, "padding", "random"} and {c["window"] for c in grid} == {None, 2}
     assert {c["scale"] for c in grid} == {None, 0.3} and {c["causal"] for c in grid} == {True, False}
-    assert {(c["causal"], c["mask"]) for c in grid} == {(a, b) for a in (True, False) for b in (None, "padding", "random")}
+    pairs = {(a, b) for a in (True, False) for b in (None, "padding", "random")}
+    assert {(c["causal"], c["mask"]) for c in grid} == pairs
     q, k, v, kw, out, *_ = expected(next(i for i, c in enumerate(GRID) if c["mask"] == "random"))
     assert torch.equal(out[0, 0, -1], torch.zeros_like(out[0, 0, -1]))  # the empty row is really there
 
@@ -166,7 +170,6 @@ def test_registry_lists_the_builtin_kernels():
 
 def test_users_can_register_a_kernel_and_select_it_by_config():
     from gpt import GPT, GPTConfig
-    from gpt.attention import registry
 
     calls = []
 
@@ -181,9 +184,42 @@ def test_users_can_register_a_kernel_and_select_it_by_config():
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, attention="counting"))
         model(torch.zeros(1, 8, dtype=torch.long))
         assert len(calls) == 2
+        assert attention.spec("counting") == attention.KernelSpec()  # undeclared: the whole contract
     finally:
-        registry._KERNELS.pop("counting")
-        registry._BACKENDS.pop("counting")
+        registry.unregister("counting")
+    assert "counting" not in attention.available()
+
+
+def test_what_a_kernel_declares_is_what_the_checks_refuse():
+    from gpt import GPTConfig
+    from gpt.errors import ConfigError
+
+    @attention.register("narrow", trains_on=("cuda",), options=("mask",), why="a test kernel")
+    def narrow(q, k, v, **kw):
+        return attention.get("manual")(q, k, v, **kw)
+
+    try:
+        shape = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11, attention="narrow")
+        no_window = r"attention=narrow has no sliding window \(a test kernel\), but model.window=4"
+        with pytest.raises(ConfigError, match=no_window) as err:
+            GPTConfig(**shape, window=4)
+        assert err.value.hint == ("set model.window=null, or pick a kernel that has it: "
+                                  "attention=sdpa | einsum | flex | heads | manual")
+        with pytest.raises(ConfigError, match="has no grouped-query attention .*, but model.n_kv_head=1"):
+            GPTConfig(**shape, n_kv_head=1)
+        GPTConfig(**shape)  # nothing it lacks is asked for
+        no_cpu = r"^attention=narrow cannot train on CPU: it has no backward pass there \(a test kernel\)$"
+        with pytest.raises(UserError, match=no_cpu) as err:
+            attention.check_trainable("narrow", "cpu")
+        assert err.value.hint == ("train with attention=sdpa (narrow can then sample from the checkpoint on CPU), "
+                                  "or train on a CUDA GPU")
+        no_dropout = "attention=narrow has no dropout on the attention weights .*, but model.dropout=0.1"
+        with pytest.raises(ConfigError, match=no_dropout):
+            attention.check_trainable("narrow", "cuda", dropout=0.1)
+        with pytest.raises(ValueError, match="KernelSpec.options: unknown windows"):
+            attention.register("typo", options=("windows",))
+    finally:
+        registry.unregister("narrow")
 
 
 def test_causal_and_window_masks_are_bottom_right_aligned():

@@ -26,7 +26,8 @@ def test_the_doc_runs_and_its_numbers_hold(capsys):
     }
     out = capsys.readouterr().out
     for name, values in expected.items():
-        torch.testing.assert_close(namespace[name], torch.tensor(values), atol=5e-5, rtol=0, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(namespace[name], torch.tensor(values), atol=5e-5, rtol=0,
+                                   msg=lambda m: f"{name}: {m}")
         printed = "tensor([" + ", ".join(f"{x:.4f}" for x in values) + "])"
         assert printed in out and f"# {printed}" in text, name  # printed as the doc says it is
     assert "76.6% of the 128x128 blocks are skipped" in out

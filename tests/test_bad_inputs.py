@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import run_script, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +32,7 @@ def untouched(before: dict[str, str], root: Path, run: Path) -> bool:
 def existing(tmp_path_factory):
     """A finished tiny run and its prepared data, which no failing command may touch."""
     root = tmp_path_factory.mktemp("existing")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    (corpus / "a.py").write_text("def f(x):\n    return x + 1\n\n" * 200)
+    corpus = write_corpus(root / "corpus")
     (root / "empty_dir").mkdir()
     (root / "empty.txt").write_text("")
     (root / "short.txt").write_text("tiny text\n")
@@ -48,13 +46,15 @@ def existing(tmp_path_factory):
 
 CASES = {
     "n_head does not divide n_embd": (["model.n_head=3"], "model.n_embd (32) must be divisible by model.n_head (3)"),
-    "n_kv_head does not divide n_head": (["model.n_kv_head=3"], "model.n_head (2) must be a multiple of model.n_kv_head (3)"),
+    "n_kv_head does not divide n_head": (["model.n_kv_head=3"],
+                                         "model.n_head (2) must be a multiple of model.n_kv_head (3)"),
     "zero layers": (["model.n_layer=0"], "model.n_layer must be a positive integer, got 0"),
     "zero iterations": (["train.max_iters=0"], "train.max_iters must be positive, got 0"),
     "negative batch size": (["train.batch_size=-2"], "train.batch_size must be positive, got -2"),
     "zero learning rate": (["train.learning_rate=0"], "train.learning_rate must be positive, got 0"),
     "dropout of 1": (["model.dropout=1.0"], "model.dropout must be in [0, 1), got 1.0"),
-    "unknown kernel by key": (["model.attention=fast"], "unknown attention kernel 'fast'; valid: einsum, flex, heads, manual, sdpa"),
+    "unknown kernel by key": (["model.attention=fast"],
+                              "unknown attention kernel 'fast'; valid: einsum, flex, heads, manual, sdpa"),
     "absent cuda": (["device=cuda"], "device=cuda was asked for but no CUDA GPU is available"),
     "absent mps": (["device=mps"], "device=mps was asked for but MPS is not available here"),
     "fp16 on cpu": (["precision=fp16"], "precision=fp16 needs a CUDA GPU (device is cpu)"),
@@ -67,8 +67,8 @@ CASES = {
     "fresh run into an existing run": ([], "already holds a checkpoint"),
     "resume with another model shape": (["resume=true", "model.n_embd=64"], "model.n_embd"),
     "out_dir not writable": (["out_dir={root}/not_a_dir/run"], "cannot be written: Not a directory"),
-    "a model too large for memory": (["model.n_layer=96", "model.n_embd=16384", "model.n_head=128", "out_dir={root}/big"],
-                                     "out of memory: 309,"),
+    "a model too large for memory": (
+        ["model.n_layer=96", "model.n_embd=16384", "model.n_head=128", "out_dir={root}/big"], "out of memory: 309,"),
     "a batch too large for memory": (["train.batch_size=100000000", "out_dir={root}/big"], "out of memory:"),
     "a misspelt key added with +": (["+train.lerning_rate=0.1"], "unknown config key train.lerning_rate"),
     "a NaN learning rate": (["train.learning_rate=nan"], "train.learning_rate must be positive, got nan"),
@@ -111,7 +111,8 @@ def test_gpt2_encoding_unreachable_offline(existing, tmp_path):
     result = run_script("train", *TINY, "data=text", *data, "data.name=bpe", "data.tokenizer=gpt2",
                         f"out_dir={tmp_path / 'run'}", env=offline, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "the GPT-2 encoding (r50k_base) could not be loaded" in result.stderr and "TIKTOKEN_CACHE_DIR" in result.stderr
+    assert "the GPT-2 encoding (r50k_base) could not be loaded" in result.stderr
+    assert "TIKTOKEN_CACHE_DIR" in result.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -5,12 +5,9 @@ import os
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig
-from gpt.errors import UserError
-from gpt.tokenizer import CharTokenizer
+from conftest import run_script, save_char_model
 from gpt import checkpoint
-
-from conftest import run_script
+from gpt.errors import UserError
 
 
 class Payload:
@@ -24,16 +21,26 @@ class Payload:
 
 
 def valid_checkpoint(path):
-    config = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=4)
-    checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
-                     "tokenizer": CharTokenizer(list("abc\n")).to_meta()}, path)
+    save_char_model(path, "abc\n", n_layer=1, n_head=2, n_embd=8, block_size=8)
+
+
+def pickled_code_checkpoint(folder):
+    """A ckpt.pt whose unpickling would create folder/pwned; returns that marker path."""
+    marker = folder / "pwned"
+    torch.save({"model": {}, "model_config": {}, "evil": Payload(str(marker))}, folder / "ckpt.pt")
+    return marker
 
 
 def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path):
-    marker = tmp_path / "pwned"
-    torch.save({"model": {}, "model_config": {}, "evil": Payload(str(marker))}, tmp_path / "ckpt.pt")
+    marker = pickled_code_checkpoint(tmp_path)
     with pytest.raises(UserError, match="refusing to load it"):
         checkpoint.load(tmp_path / "ckpt.pt")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_generate_refuses_a_checkpoint_with_pickled_code_in_one_line(tmp_path):
+    marker = pickled_code_checkpoint(tmp_path)
     result = run_script("generate", f"ckpt={tmp_path}", "device=cpu")
     assert result.returncode == 2 and "refusing to load it" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()
@@ -49,6 +56,7 @@ def test_damaged_checkpoints_are_user_errors(tmp_path, damage):
         checkpoint.load(path)
 
 
+@pytest.mark.slow
 def test_generate_on_an_empty_run_directory(tmp_path):
     result = run_script("generate", f"ckpt={tmp_path}", "device=cpu")
     assert result.returncode == 2 and "no checkpoint in" in result.stderr and "Traceback" not in result.stderr

@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from gpt import GPT, attention
+from gpt.config import ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
-from gpt.config import ModelConfig
 from gpt.schema import model_config, register, typed
 from gpt.train.config import RunConfig, TrainConfig
 

@@ -3,14 +3,13 @@ import json
 import numpy as np
 import pytest
 
+from conftest import needs_gpt2
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare, token_dtype
 from gpt.data.sources import stdlib_corpus
 from gpt.errors import UserError
 from gpt.tokenizer import CharTokenizer, GPT2Tokenizer
-
-from conftest import needs_gpt2
 
 
 def test_prepare_a_text_folder(text_dir, tmp_path):

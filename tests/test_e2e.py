@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import run_script, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -14,10 +14,7 @@ TINY_RUN = ["model=tiny", "train.max_iters=30", "train.eval_interval=15", "train
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(10):
-        (corpus / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(60)))
+    corpus = write_corpus(root / "corpus")
     run_dir = root / "run"
     result = run_script("train", *TINY_RUN, "data=text", f"data.path={corpus}", f"data.root={root / 'data'}",
                         f"out_dir={run_dir}")

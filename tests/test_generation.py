@@ -6,13 +6,12 @@ import json
 import pytest
 import torch
 
+from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig, pretrained
 from gpt.errors import UserError
 from gpt.generate import TextStream, load_model
 from gpt.sampling import filter_logits, generate, sample_next
 from gpt.tokenizer import CharTokenizer
-
-from conftest import run_script
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=12, vocab_size=40)
 
@@ -134,29 +133,27 @@ def test_missing_gpt2_weights_say_how_to_provide_them(tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
     """A tiny checkpoint of a character model, written directly (no training needed to test sampling)."""
-    from gpt import checkpoint
-
     run = tmp_path_factory.mktemp("ckpt")
     torch.manual_seed(0)
-    chars = list("\nabcdefghij ():")
-    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=len(chars))
-    checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
-                     "tokenizer": CharTokenizer(chars).to_meta()}, run / "ckpt.pt")
+    save_char_model(run / "ckpt.pt", "\nabcdefghij ():", n_layer=1, n_head=2, n_embd=16, block_size=8)
     return run
 
 
+@pytest.mark.slow
 def test_generate_script_prompt_sources_and_long_prompt(checkpoint_dir, tmp_path):
     from_stdin = run_script("generate", f"ckpt={checkpoint_dir}", "prompt_file=-", "max_new_tokens=3", input="ab(")
     assert from_stdin.returncode == 0 and from_stdin.stdout.startswith("ab(") and len(from_stdin.stdout) == 3 + 3 + 1
 
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("abc\n" * 5)  # 20 characters, longer than block_size 8
-    from_file = run_script("generate", f"ckpt={checkpoint_dir}", f"prompt_file={prompt}", "max_new_tokens=5", "temperature=0")
+    from_file = run_script("generate", f"ckpt={checkpoint_dir}", f"prompt_file={prompt}", "max_new_tokens=5",
+                           "temperature=0")
     assert from_file.returncode == 0, from_file.stderr
     assert "keeping its last 8" in from_file.stderr and "Traceback" not in from_file.stderr
     assert from_file.stdout.startswith("abc\nabc\n") and len(from_file.stdout) == 8 + 5 + 1  # last 8, 5 new, newline
 
 
+@pytest.mark.slow
 def test_interactive_loop_and_stop_strings(checkpoint_dir):
     result = run_script("generate", f"ckpt={checkpoint_dir}", "interactive=true", "max_new_tokens=4", "temperature=0",
                         input="ab\nc(\n\n")

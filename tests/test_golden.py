@@ -58,19 +58,9 @@ def train(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def corpus_args(tmp_path_factory) -> list[str]:
-    root = tmp_path_factory.mktemp("golden")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(12):
-        (corpus / f"mod{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(40)))
-    return ["data=text", f"data.path={corpus}", f"data.root={root / 'data'}"]
-
-
-@pytest.fixture(scope="module")
-def straight(corpus_args, tmp_path_factory) -> dict:
+def straight(data_args, tmp_path_factory) -> dict:
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    train(*corpus_args, f"train.max_iters={STEPS}", f"out_dir={run_dir}")
+    train(*data_args, f"train.max_iters={STEPS}", f"out_dir={run_dir}")
     return trace(run_dir)
 
 
@@ -85,8 +75,8 @@ def test_the_run_matches_the_golden_trace_bit_for_bit(straight):
     assert set(straight["model"]) == set(golden["model"]) and not changed, f"final tensors differ: {changed}"
 
 
-def test_the_same_run_stopped_halfway_and_resumed_matches_it_too(straight, corpus_args, tmp_path):
+def test_the_same_run_stopped_halfway_and_resumed_matches_it_too(straight, data_args, tmp_path):
     run_dir = tmp_path / "run"
-    train(*corpus_args, f"train.max_iters={STEPS // 2}", f"out_dir={run_dir}")
-    train(*corpus_args, f"train.max_iters={STEPS}", f"out_dir={run_dir}", "resume=true")
+    train(*data_args, f"train.max_iters={STEPS // 2}", f"out_dir={run_dir}")
+    train(*data_args, f"train.max_iters={STEPS}", f"out_dir={run_dir}", "resume=true")
     assert trace(run_dir) == straight

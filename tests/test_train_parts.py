@@ -10,10 +10,10 @@ import signal
 import pytest
 import torch
 
+from gpt import checkpoint as checkpoint_files
 from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt import checkpoint as checkpoint_files
 from gpt.train import distributed, metrics, state
 from gpt.train.build import maybe_compile
 from gpt.train.resume import resume_command
@@ -138,12 +138,14 @@ def test_compile_where_unavailable_says_so_once_and_runs_eager(monkeypatch):
 
 def test_resume_command_keeps_overrides_quotes_them_and_pins_out_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    cmd = resume_command(["model=tiny", "data.path=/my texts", "out_dir=x", "resume=false"], tmp_path, "scripts/train.py")
+    overrides = ["model=tiny", "data.path=/my texts", "out_dir=x", "resume=false"]
+    cmd = resume_command(overrides, tmp_path, "scripts/train.py")
     assert cmd == f"python scripts/train.py model=tiny 'data.path=/my texts' out_dir={tmp_path} resume=true"
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     cmd = resume_command(["model=tiny"], tmp_path, "scripts/train.py")
-    assert cmd.startswith("torchrun --nproc_per_node=4 --nnodes=2 <same rendezvous options> scripts/train.py model=tiny")
+    launch = "torchrun --nproc_per_node=4 --nnodes=2 <same rendezvous options>"
+    assert cmd.startswith(f"{launch} scripts/train.py model=tiny")
 
 
 def test_ranks_after_the_first_write_no_hydra_output(monkeypatch):

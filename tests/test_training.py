@@ -24,7 +24,8 @@ RUN = ["model=tiny", "model.dropout=0.1", "device=cpu", "train.max_iters=12", "t
        "train.warmup_iters=2", "train.sample_tokens=8"]
 
 # Runs the real script in-process after executing argv[1]: the fault to inject.
-FAULT_RUNNER = "import runpy, sys; exec(sys.argv[1]); script = sys.argv[2]; sys.argv = sys.argv[2:]; runpy.run_path(script, run_name='__main__')"
+FAULT_RUNNER = ("import runpy, sys; exec(sys.argv[1]); script = sys.argv[2]; sys.argv = sys.argv[2:]; "
+                "runpy.run_path(script, run_name='__main__')")
 
 SCRIPT = ROOT / "scripts" / "train.py"
 
@@ -117,16 +118,6 @@ def final_state(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def data_args(tmp_path_factory) -> list[str]:
-    root = tmp_path_factory.mktemp("train")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(12):
-        (corpus / f"mod{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(40)))
-    return ["data=text", f"data.path={corpus}", f"data.root={root / 'data'}"]
-
-
-@pytest.fixture(scope="module")
 def reference(data_args, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The uninterrupted run every interrupted one is compared with."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
@@ -144,7 +135,8 @@ def test_start_prints_the_batch_and_plain_lines_when_not_interactive(reference):
     assert "mfu" not in out  # no peak FLOP/s known for a CPU
 
 
-def test_failed_write_then_kill_in_a_save_then_sigterm_and_three_resumes_end_bitwise_identical(reference, data_args, tmp_path):
+def test_failed_write_then_kill_in_a_save_then_sigterm_and_three_resumes_end_bitwise_identical(
+        reference, data_args, tmp_path):
     """One run interrupted three ways, resumed each time; the end state equals the uninterrupted run's."""
     run_dir = tmp_path / "run"
     common = [*RUN, *data_args, f"out_dir={run_dir}"]
@@ -210,7 +202,8 @@ def test_a_fresh_run_refuses_an_out_dir_that_holds_a_checkpoint(reference):
         resume_state(run_dir, False, model_config, state["tokenizer"], state["config"], print)
     assert "resume=true" in err.value.hint
     notes = []
-    resumed = resume_state(run_dir, True, model_config, state["tokenizer"], {**state["config"], "seed": 7}, notes.append)
+    config = {**state["config"], "seed": 7}
+    resumed = resume_state(run_dir, True, model_config, state["tokenizer"], config, notes.append)
     assert resumed["step"] == 12 and notes == ["note: resuming with changed settings: seed: 1337 -> 7"]
 
 

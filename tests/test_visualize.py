@@ -3,11 +3,10 @@
 import pytest
 import torch
 
+from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig
 from gpt.attention.probe import record_attention
 from gpt.visualize import attention_maps
-
-from conftest import run_script
 
 OPTIONS = [{}, {"n_kv_head": 2, "window": 3, "pos_embedding": "rope"}]
 
@@ -39,14 +38,9 @@ def test_attention_maps_shape():
     assert maps.shape == (2, 2, 5, 5) and model.training  # training mode restored
 
 
+@pytest.mark.slow
 def test_visualize_script_writes_a_png(tmp_path):
-    from gpt.tokenizer import CharTokenizer
-    from gpt import checkpoint
-
-    chars = list("\nabcdef ():")
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=len(chars))
-    checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
-                     "tokenizer": CharTokenizer(chars).to_meta()}, tmp_path / "ckpt.pt")
+    save_char_model(tmp_path / "ckpt.pt", "\nabcdef ():", n_layer=2, n_head=2, n_embd=16, block_size=16)
     out = tmp_path / "maps.png"
     result = run_script("visualize_attention", f"ckpt={tmp_path}", "prompt=abc def", f"out={out}", "device=cpu")
     assert result.returncode == 0, result.stderr

@@ -1,14 +1,18 @@
-"""Attention kernels behind one registry: ``available()``, ``get(name)``, ``@register(name)``.
+"""Attention kernels behind one registry: ``available()``, ``get(name)``, ``@register(name, ...)``, ``spec(name)``.
 
-Built in: manual, einsum, heads, sdpa (gpt.attention.kernels) and flex (gpt.attention.flex). Also
-here: rotary position embeddings (rope), the general MultiHeadAttention module, and
-check_trainable, which refuses a kernel that cannot train on a device before training starts.
+Built in: manual, einsum, heads, sdpa (gpt.attention.kernels) and flex (gpt.attention.flex). Each
+declares what it can do when it registers (a KernelSpec); check_trainable and check_options read
+that to refuse, before training starts, a kernel that cannot do what the config asks. Also here:
+rotary position embeddings (rope) and the general MultiHeadAttention module.
 """
 
-from gpt.attention.registry import AttentionKernel, available, backends, get, register
-from gpt.attention import kernels as _kernels  # noqa: F401  (registers manual, einsum, heads, sdpa)
 from gpt.attention import flex as _flex  # noqa: F401  (registers flex)
-from gpt.attention.support import check_trainable
+from gpt.attention import kernels as _kernels  # noqa: F401  (registers manual, einsum, heads, sdpa)
 from gpt.attention.module import MultiHeadAttention
+from gpt.attention.registry import AttentionKernel, KernelSpec, available, backends, get, register, spec
+from gpt.attention.support import check_options, check_trainable
 
-__all__ = ["AttentionKernel", "MultiHeadAttention", "available", "backends", "check_trainable", "get", "register"]
+__all__ = [
+    "AttentionKernel", "KernelSpec", "MultiHeadAttention", "available", "backends", "check_options", "check_trainable",
+    "get", "register", "spec",
+]

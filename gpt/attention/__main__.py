@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     device = resolve_device(argv[0] if argv else "auto")
     print(f"attention kernels on {device} (torch {torch.__version__}); each option tried on tiny tensors:\n")
     rows = support.support_table(device)
-    columns = ["kernel", *support.OPTIONS, "backends"]
+    columns = ["kernel", *support.COLUMNS, "backends"]
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['kernel']}: {row['about']}")
         for option, reason in row["why"].items():
             print(f"    no {option}: {reason}")
+        for line in row["disagrees"]:
+            print(f"    its registration {line} (fix the register(...) call)")
     print("\nforward/backward: inference / training; gqa: fewer key-value heads; window: sliding window;"
           "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here.")
 

@@ -17,12 +17,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
 
 from gpt.attention.masks import check_window
-from gpt.attention.registry import register
-
-NO_CPU_BACKWARD = (
-    "attention=flex has no backward pass on CPU (a torch limitation): run it under torch.no_grad() "
-    "to sample, train it on a CUDA GPU, or pick another kernel (e.g. attention=sdpa) to train on CPU"
-)
+from gpt.attention.registry import lacks, no_backward, register
 
 
 def causal_mod(offset: int):
@@ -89,7 +84,9 @@ def _compiled_flex():
     return torch.compile(flex_attention)  # shapes that vary (sampling) become dynamic after one recompile
 
 
-@register("flex")
+# What flex lacks is declared here (start-up checks read it); the kernel itself still refuses those calls,
+# so the declaration can be checked against behaviour (tests/test_attention_cli.py).
+@register("flex", trains_on=("cuda",), options=("gqa", "window", "mask"), why="a torch limitation")
 def flex(
     q: Tensor,
     k: Tensor,
@@ -106,12 +103,15 @@ def flex(
     A query with nothing to attend to gets zeros (flex's own convention). No attention dropout.
     """
     if dropout_p > 0.0:
-        raise ValueError("attention=flex has no dropout on the attention weights; use model.dropout=0 or another kernel")
+        raise ValueError(f"{lacks('flex', 'dropout')}: use model.dropout=0 or another kernel")
     check_window(window, causal)
     if not torch.is_grad_enabled():  # torch refuses CPU inputs that merely require grad, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
     elif q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
-        raise RuntimeError(NO_CPU_BACKWARD)
+        raise RuntimeError(
+            f"{no_backward('flex', 'cpu')}: run it under torch.no_grad() to sample, train it on a CUDA GPU, "
+            "or pick another kernel (e.g. attention=sdpa) to train on CPU"
+        )
     rules = block_mask(q.size(0), q.size(1), q.size(-2), k.size(-2), causal, window, mask, q.device)
     gqa = q.size(1) != k.size(1)
     if q.device.type == "cuda":

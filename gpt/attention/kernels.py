@@ -155,7 +155,8 @@ def sdpa(
             if not reasons and q.device.type != "cuda":
                 reasons = [f"torch has no {backend} kernel on {q.device.type}"]
             raise UserError(
-                f"attention.backend={backend} cannot run here ({q.device.type}, {str(q.dtype).removeprefix('torch.')}): "
+                f"attention.backend={backend} cannot run here "
+                f"({q.device.type}, {str(q.dtype).removeprefix('torch.')}): "
                 + ("; ".join(reasons) or str(err).splitlines()[0]),
                 hint="leave attention.backend unset to let torch choose, or use attention.backend=math",
             ) from None

@@ -41,7 +41,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         n_kv_head = n_head if n_kv_head is None else n_kv_head
         if embed_dim % n_head != 0 or n_head % n_kv_head != 0:
-            raise ValueError(f"need embed_dim % n_head == 0 and n_head % n_kv_head == 0, got {embed_dim}, {n_head}, {n_kv_head}")
+            raise ValueError("need embed_dim % n_head == 0 and n_head % n_kv_head == 0, "
+                             f"got {embed_dim}, {n_head}, {n_kv_head}")
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, embed_dim // n_head
         self.causal, self.window, self.dropout = causal, window, dropout
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -62,7 +63,8 @@ class MultiHeadAttention(nn.Module):
         t_k = context.size(1)
         for name, m, shape in (("key_padding_mask", key_padding_mask, (B, t_k)), ("attn_mask", attn_mask, (t_q, t_k))):
             if m is not None and (m.dtype != torch.bool or tuple(m.shape) != shape):
-                raise ValueError(f"{name} must be a bool tensor of shape {shape} (True = may attend), got {m.dtype} {tuple(m.shape)}")
+                raise ValueError(f"{name} must be a bool tensor of shape {shape} (True = may attend), "
+                                 f"got {m.dtype} {tuple(m.shape)}")
         q = self.q_proj(x).view(B, t_q, self.n_head, self.head_dim).transpose(1, 2)
         k, v = self.kv_proj(context).split(self.n_kv_head * self.head_dim, dim=-1)
         k = k.view(B, t_k, self.n_kv_head, self.head_dim).transpose(1, 2)

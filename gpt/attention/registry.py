@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from torch import Tensor
 
@@ -34,26 +36,79 @@ class AttentionKernel(Protocol):
     ) -> Tensor: ...
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+OPTIONS = ("gqa", "window", "mask", "dropout")
+OPTION_WORDS = {
+    "gqa": "grouped-query attention (fewer key/value heads)",
+    "window": "sliding window",
+    "mask": "boolean attention mask",
+    "dropout": "dropout on the attention weights",
+}
+DEVICE_WORDS = {"cpu": "CPU", "cuda": "a CUDA GPU", "mps": "MPS"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a kernel can do, declared where it is registered; the defaults are the whole AttentionKernel contract.
+
+    A test compares each declaration with what ``python -m gpt.attention`` measures, so a wrong one fails.
+    """
+
+    trains_on: tuple[str, ...] = DEVICE_TYPES  # device types where it has a backward pass
+    options: tuple[str, ...] = OPTIONS  # which of OPTIONS its keyword arguments implement
+    backends: tuple[str, ...] = ()  # names its ``backend=`` keyword accepts (attention.backend=<name>)
+    why: str = ""  # one line: why something is missing, quoted in refusals (e.g. "a torch limitation")
+
+    def __post_init__(self) -> None:
+        for field, values, valid in (("trains_on", self.trains_on, DEVICE_TYPES), ("options", self.options, OPTIONS)):
+            unknown = sorted(set(values) - set(valid))
+            if unknown:
+                raise ValueError(f"KernelSpec.{field}: unknown {', '.join(unknown)}; valid: {', '.join(valid)}")
+
+    def supports(self, option: str) -> bool:
+        """Whether the kernel implements ``option`` (one of OPTIONS)."""
+        if option not in OPTIONS:
+            raise ValueError(f"unknown attention option {option!r}; valid: {', '.join(OPTIONS)}")
+        return option in self.options
+
+    def trains(self, device_type: str) -> bool:
+        """Whether the kernel has a backward pass on this device type."""
+        return device_type in self.trains_on
+
+
 _KERNELS: dict[str, AttentionKernel] = {}
-_BACKENDS: dict[str, tuple[str, ...]] = {}
+_SPECS: dict[str, KernelSpec] = {}
 
 
 def register(
-    name: str, *, override: bool = False, backends: tuple[str, ...] = ()
+    name: str,
+    *,
+    override: bool = False,
+    backends: tuple[str, ...] = (),
+    trains_on: tuple[str, ...] = DEVICE_TYPES,
+    options: tuple[str, ...] = OPTIONS,
+    why: str = "",
 ) -> Callable[[AttentionKernel], AttentionKernel]:
     """Decorator adding a kernel under ``name``; ``attention=<name>`` then selects it.
 
-    ``backends``: names the kernel accepts as a ``backend=`` keyword (``attention.backend=<name>``).
+    The keywords declare what it can do (see KernelSpec); leave them out for a kernel with the whole contract.
     """
+    declared = KernelSpec(trains_on=tuple(trains_on), options=tuple(options), backends=tuple(backends), why=why)
 
     def add(kernel: AttentionKernel) -> AttentionKernel:
         if name in _KERNELS and not override:
             raise ValueError(f"attention kernel {name!r} is already registered (pass override=True to replace it)")
         _KERNELS[name] = kernel
-        _BACKENDS[name] = tuple(backends)
+        _SPECS[name] = declared
         return kernel
 
     return add
+
+
+def unregister(name: str) -> None:
+    """Remove a kernel (a test's or a notebook's experiment); unknown names are an error."""
+    get(name)
+    del _KERNELS[name], _SPECS[name]
 
 
 def get(name: str, backend: str | None = None) -> AttentionKernel:
@@ -64,17 +119,36 @@ def get(name: str, backend: str | None = None) -> AttentionKernel:
         raise KeyError(f"unknown attention kernel {name!r}; valid: {', '.join(available())}") from None
     if backend is None:
         return kernel
-    if backend not in _BACKENDS[name]:
-        raise ValueError(f"attention {name!r} has no backend {backend!r}; valid: {', '.join(_BACKENDS[name]) or 'none'}")
+    valid = _SPECS[name].backends
+    if backend not in valid:
+        raise ValueError(f"attention {name!r} has no backend {backend!r}; valid: {', '.join(valid) or 'none'}")
     return functools.partial(kernel, backend=backend)
+
+
+def spec(name: str) -> KernelSpec:
+    """What the kernel registered under ``name`` declared it can do."""
+    get(name)
+    return _SPECS[name]
 
 
 def backends(name: str) -> tuple[str, ...]:
     """The backends a kernel can pin (empty for most)."""
-    get(name)
-    return _BACKENDS[name]
+    return spec(name).backends
 
 
 def available() -> list[str]:
     """Names of all registered kernels, sorted."""
     return sorted(_KERNELS)
+
+
+def lacks(name: str, option: str) -> str:
+    """One line saying that a kernel has no ``option``, with its declared reason."""
+    reason = spec(name).why
+    return f"attention={name} has no {OPTION_WORDS[option]}" + (f" ({reason})" if reason else "")
+
+
+def no_backward(name: str, device_type: str) -> str:
+    """One line saying that a kernel cannot train on a device type, with its declared reason."""
+    reason = spec(name).why
+    where = DEVICE_WORDS.get(device_type, device_type)
+    return f"attention={name} has no backward pass on {where}" + (f" ({reason})" if reason else "")

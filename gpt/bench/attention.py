@@ -18,8 +18,9 @@ import torch
 from omegaconf import DictConfig
 
 from gpt import attention
+from gpt.attention.registry import no_backward
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
-from gpt.bench.report import markdown_table, median_seconds, sync
+from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
 from gpt.device import resolve_device
 from gpt.errors import ConfigError
 
@@ -93,14 +94,7 @@ def measure(
             with torch.no_grad():
                 attend(q, k, v)
 
-    start = time.perf_counter()
-    call()
-    sync(dev)
-    first = time.perf_counter() - start
-    for _ in range(warmup - 1):
-        call()
-    sync(dev)
-    warm = time.perf_counter() - start
+    first, warm = warm_up(call, dev, warmup)
     gauge = PeakMemory(dev)
     gauge.start()
     start = time.perf_counter()
@@ -157,9 +151,12 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
 
 def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: torch.device, log) -> list[Result]:
     """One kernel and mode over the lengths, shortest first. Once a length fails for lack of time or
-    memory, or its calls took longer than max_seconds, the longer lengths are skipped (and say so)."""
+    memory, or its calls took longer than max_seconds, the longer lengths are skipped (and say so). A backward
+    pass the kernel declares it lacks on this device is not tried: its cases say why."""
     results: list[Result] = []
-    stopped = ""
+    name = kernel.partition(":")[0]
+    trains = mode == "fwd" or attention.spec(name).trains(device.type)
+    stopped = "" if trains else no_backward(name, device.type)
     for seq_len in seq_lens:
         result = Result(kernel, mode, seq_len)
         results.append(result)
@@ -178,7 +175,8 @@ def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: 
                 stopped = f"skipped: a shorter length failed ({out['error']})"
             log(f"{kernel} {mode} T={seq_len}: {out['error']}")
             continue
-        result.median_ms, result.first_call_ms, result.peak_mib = out["median_ms"], out["first_call_ms"], out["peak_mib"]
+        result.median_ms, result.first_call_ms = out["median_ms"], out["first_call_ms"]
+        result.peak_mib = out["peak_mib"]
         if out["calls_s"] > cfg.max_seconds:
             stopped = f"skipped: a shorter length's calls took over max_seconds={cfg.max_seconds:g}"
         log(f"{kernel} {mode} T={seq_len}: {result.median_ms:.2f} ms, {_fmt(result.peak_mib)} MiB")
@@ -187,7 +185,7 @@ def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: 
 
 def describe(cfg: DictConfig, device: torch.device) -> str:
     """What was measured, and what the figures mean."""
-    where = f"{device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f", {cfg.threads or torch.get_num_threads()} threads")
+    where = describe_device(device, cfg.threads)
     how = "torch.compile" if cfg.compile else "eager"
     return (
         f"attention benchmark: device {where}, torch {torch.__version__}, {cfg.dtype}, {how}, causal, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from omegaconf import DictConfig
 
@@ -33,18 +35,17 @@ def run(cfg: DictConfig) -> str:
     for prompt_len in cfg.prompt_lens:
         prompt = torch.randint(0, mc.vocab_size, (cfg.batch_size, min(prompt_len, mc.block_size)), device=device)
         with torch.no_grad():
-            prefill = median_seconds(lambda: model(prompt), device, cfg.repeats)
+            prefill = median_seconds(partial(model, prompt), device, cfg.repeats)
         speed = {}
         for kv_cache in (True, False):
-            seconds = median_seconds(
-                lambda: generate(model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv_cache),
-                device, cfg.repeats,
-            )
+            decode = partial(generate, model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv_cache)
+            seconds = median_seconds(decode, device, cfg.repeats)
             speed[kv_cache] = cfg.new_tokens * cfg.batch_size / seconds
         rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
                      f"{speed[True]:,.0f}", f"{speed[False]:,.0f}", f"{speed[True] / speed[False]:.1f}x"])
     table = markdown_table(
-        ["prompt tokens", "prefill ms", "prefill tok/s", "decode tok/s (KV cache)", "decode tok/s (recompute)", "cache speed-up"],
+        ["prompt tokens", "prefill ms", "prefill tok/s", "decode tok/s (KV cache)", "decode tok/s (recompute)",
+         "cache speed-up"],
         rows,
     )
     return header + "\n\n" + table

@@ -14,8 +14,9 @@ import multiprocessing as mp
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -89,7 +90,8 @@ class PeakMemory:
 
 
 def compile_here(device: torch.device) -> None:
-    """Start from a clean torch.compile state; on CPU compile in this process (no worker pool competing for the cores)."""
+    """Start from a clean torch.compile state; on CPU compile in this process (no worker pool competing for
+    the cores)."""
     torch._dynamo.reset()
     if device.type == "cpu":
         from torch._inductor import config as inductor

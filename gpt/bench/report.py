@@ -1,10 +1,10 @@
-"""Small helpers shared by the benchmarks: a wall-clock timer that syncs the device, and markdown tables."""
+"""Small helpers shared by the benchmarks: wall-clock timers that sync the device, and markdown tables."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -14,6 +14,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> tuple[float, float]:
+    """Call fn ``calls`` times (at least once) untimed by the benchmark: seconds of the first call (which may
+    compile) and of all of them."""
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    first = time.perf_counter() - start
+    for _ in range(calls - 1):
+        fn()
+    sync(device)
+    return first, time.perf_counter() - start
 
 
 def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
@@ -28,6 +41,13 @@ def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int,
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def describe_device(device: torch.device, threads: int | None) -> str:
+    """The device for a table's header: the GPU's name on CUDA, the thread count on a CPU."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"{device}, {threads or torch.get_num_threads()} threads"
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

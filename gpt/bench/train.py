@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import sys
-import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -19,13 +18,15 @@ from omegaconf import DictConfig
 
 from gpt import attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
-from gpt.bench.report import markdown_table, median_seconds, sync
+from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
 from gpt.config import GPTConfig
-from gpt.device import autocast, resolve_device, resolve_precision
+from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import ConfigError
 from gpt.model import GPT
 from gpt.schema import model_config
 from gpt.train import metrics
+from gpt.train.config import TrainConfig
+from gpt.train.optim import make_optimizer
 
 
 @dataclass
@@ -53,12 +54,10 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
     config = GPTConfig(**model)
     attention.check_trainable(config.attention, dev, config.dropout)
     precision = resolve_precision(precision, dev)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    configure_matmul(dev)
     torch.manual_seed(0)
     gpt = GPT(config).to(dev)
-    optimizer = torch.optim.AdamW(gpt.parameters(), lr=learning_rate, **({"fused": True} if dev.type == "cuda" else {}))
+    optimizer = make_optimizer(gpt, TrainConfig(learning_rate=learning_rate), dev)  # the one training builds
     if compile:
         compile_here(dev)
     forward = torch.compile(gpt) if compile else gpt
@@ -75,12 +74,7 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
 
-    start = time.perf_counter()
-    step()
-    sync(dev)
-    first = time.perf_counter() - start
-    for _ in range(warmup - 1):
-        step()
+    first, _ = warm_up(step, dev, warmup)
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     gauge = PeakMemory(dev)
     gauge.start()
@@ -105,7 +99,7 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
         raise ConfigError(f"seq_len must be in 1..block_size ({config.block_size}), got {seq_len}")
     if cfg.threads is not None and cfg.threads <= 0:
         raise ConfigError(f"threads must be positive or null, got {cfg.threads}")
-    for key in ("batch_size", "warmup", "steps"):
+    for key in ("batch_size", "warmup", "steps", "learning_rate"):
         if cfg[key] <= 0:
             raise ConfigError(f"{key} must be positive, got {cfg[key]}")
     with torch.device("meta"):  # count the parameters without allocating them
@@ -129,8 +123,9 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
             variant.tflops = flops * variant.tokens_per_s / 1e12
             peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else metrics.peak_flops(device, out["precision"])
             variant.mfu = None if peak is None else variant.tflops * 1e12 / peak
-            log(f"compile={compile} {precision}: {variant.ms_per_step:.1f} ms/step, {variant.tokens_per_s:,.0f} tokens/s")
-    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f"{device}, {cfg.threads or torch.get_num_threads()} threads"
+            log(f"compile={compile} {precision}: {variant.ms_per_step:.1f} ms/step, "
+                f"{variant.tokens_per_s:,.0f} tokens/s")
+    where = describe_device(device, cfg.threads)
     header = (
         f"training benchmark: {n_params / 1e6:.2f}M parameters ({config.n_layer} layers, {config.n_head} heads, "
         f"{config.n_embd} wide, vocab {config.vocab_size}), attention={config.attention}, batch {cfg.batch_size} x "
@@ -147,11 +142,13 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "train.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["device", "params", "batch_size", "seq_len", *(x.name for x in fields(Variant))])
+        settings = ["device", "params", "batch_size", "seq_len"]
+        writer = csv.DictWriter(f, fieldnames=[*settings, *(x.name for x in fields(Variant))])
         writer.writeheader()
         for v in variants:
             row = {k: ("" if x is None else x) for k, x in asdict(v).items()}
-            writer.writerow({"device": str(device), "params": n_params, "batch_size": cfg.batch_size, "seq_len": seq_len, **row})
+            writer.writerow({"device": str(device), "params": n_params, "batch_size": cfg.batch_size,
+                             "seq_len": seq_len, **row})
     (out_dir / "train.md").write_text(text + "\n")
     return text + f"\n\nwrote {out_dir}/train.csv, train.md"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

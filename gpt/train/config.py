@@ -7,8 +7,9 @@ on construction, so nothing below the script sees an unchecked value.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gpt.config import MISSING, AttentionConfig, ModelConfig
 from gpt.data.config import DataConfig

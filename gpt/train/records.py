@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 from tqdm import tqdm
@@ -54,7 +55,7 @@ def record_config(run_dir: Path, config: dict[str, Any], overrides: list[str], r
     folder.mkdir(parents=True, exist_ok=True)
     for name, value in (("config.yaml", config), ("overrides.yaml", list(overrides))):
         text = yaml.safe_dump(value, sort_keys=False).encode()
-        atomic_write(folder / name, lambda f: f.write(text), what="the run's config record")
+        atomic_write(folder / name, lambda f, text=text: f.write(text), what="the run's config record")
 
 
 class RunRecords:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -97,7 +98,8 @@ def check_training_entries(state: dict[str, Any], path: Path) -> None:
 
 
 def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer: dict[str, Any],
-                 config: dict[str, Any], lock: checkpoint.FolderLock, log: Callable[[str], None]) -> dict[str, Any] | None:
+                 config: dict[str, Any], lock: checkpoint.FolderLock,
+                 log: Callable[[str], None]) -> dict[str, Any] | None:
     """Rank 0: the state to resume from (None: afresh), with run_dir created, writable and locked for this run."""
     state = resume_state(run_dir, resume, model_config, tokenizer, config, log)
     try:
@@ -119,7 +121,9 @@ def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
     if world > 1:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         nodes = world // max(local, 1)
-        launch = f"torchrun --nproc_per_node={local}" + (f" --nnodes={nodes} <same rendezvous options>" if nodes > 1 else "")
+        launch = f"torchrun --nproc_per_node={local}"
+        if nodes > 1:
+            launch += f" --nnodes={nodes} <same rendezvous options>"
     else:
         launch = "python"
     return " ".join([launch, script, *map(shlex.quote, keep), shlex.quote(f"out_dir={run_dir}"), "resume=true"])

@@ -42,7 +42,7 @@ class SignalGuard:
         print(f"\n{name} received again: exiting now without saving", file=sys.stderr, flush=True)
         os._exit(128 + signum)
 
-    def __enter__(self) -> "SignalGuard":
+    def __enter__(self) -> SignalGuard:
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

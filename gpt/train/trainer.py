@@ -11,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from gpt import attention, checkpoint
-from gpt.device import autocast, resolve_device, resolve_precision
+from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.train import build, distributed, metrics, visuals
 from gpt.train.config import RunConfig
@@ -96,9 +97,8 @@ class Trainer:
         self.config, init_weights = build.model_config(run, self.data, log)
         self.data.check_block_size(self.config.block_size)
         build.check_fits(self.config, self.cfg.batch_size, device)  # before anything is allocated or written
+        configure_matmul(device)
         if device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # TF32 matmuls
-            torch.backends.cudnn.allow_tf32 = True
             torch.cuda.reset_peak_memory_stats(device)
         tokenizer = self.data.tokenizer.to_meta()
         resume_from = self._on_main(
@@ -157,7 +157,8 @@ class Trainer:
         fused = ", fused AdamW" if self.state.optimizer.defaults.get("fused") else ""
         return (
             f"model: {self.n_params / 1e6:.2f}M parameters ({c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
-            f"context {c.block_size}, attention={c.attention}); device {self.device} x {world} ({self.precision}{fused})\n"
+            f"context {c.block_size}, attention={c.attention}); "
+            f"device {self.device} x {world} ({self.precision}{fused})\n"
             f"batch: {cfg.batch_size} sequences x {cfg.grad_accum} micro-steps x {world} process(es) "
             f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step"
         )
