@@ -13,6 +13,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from gpt.bench.attention import BenchAttentionConfig
+from gpt.bench.train import BenchTrainConfig
 from gpt.config import MISSING, AttentionConfig, GPTConfig, ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
@@ -97,44 +99,6 @@ class VisualizeApp:
 
 
 @dataclass
-class BenchAttentionApp:
-    kernels: Optional[list[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
-    seq_lens: Optional[list[int]] = None  # default: 64..4096 on CPU, 512..16384 on CUDA
-    modes: list[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
-    batch_size: int = 1
-    n_head: int = 8
-    head_dim: int = 64
-    dtype: str = "fp32"  # fp32 | bf16 | fp16
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
-    compile: bool = False  # torch.compile each kernel (one fresh compile per case)
-    warmup: int = 1  # untimed calls first (the first one also compiles)
-    repeats: int = 5
-    max_seconds: float = 30.0  # once a length's calls take longer, skip the kernel's longer lengths
-    timeout_s: float = 300.0  # CPU: kill a case (compilation included) that runs longer
-    out_dir: str = "runs/bench_attention"
-
-
-@dataclass
-class BenchTrainApp:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
-    vocab_size: int = 256  # unless model.vocab_size is set (e.g. 50304 for GPT-2's padded vocabulary)
-    batch_size: int = 16
-    seq_len: Optional[int] = None  # default: model.block_size
-    compile: list[bool] = field(default_factory=lambda: [False, True])
-    precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
-    warmup: int = 2  # untimed steps first (the first one also compiles)
-    steps: int = 10
-    learning_rate: float = 3e-4
-    peak_tflops: Optional[float] = None  # the device's peak, for MFU where it is not in gpt.bench.train.PEAK_FLOPS
-    timeout_s: float = 300.0  # CPU: kill a variant (compilation included) that runs longer
-    out_dir: str = "runs/bench_train"
-
-
-@dataclass
 class PrepareApp:
     data: DataConfig = field(default_factory=DataConfig)
     force: bool = False
@@ -156,5 +120,5 @@ def register() -> None:
     cs.store(name="export_schema", node=ExportApp)
     cs.store(name="visualize_schema", node=VisualizeApp)
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
-    cs.store(name="bench_attention_schema", node=BenchAttentionApp)
-    cs.store(name="bench_train_schema", node=BenchTrainApp)
+    cs.store(name="bench_attention_schema", node=BenchAttentionConfig)
+    cs.store(name="bench_train_schema", node=BenchTrainConfig)

@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from gpt.cli import report_user_errors
-from gpt.schema import register
+from gpt.schema import register, typed
 
 register()
 
@@ -16,7 +16,7 @@ register()
 def main(cfg: DictConfig) -> None:
     from gpt.bench.train import run
 
-    print(report_user_errors(lambda: run(cfg)))
+    print(report_user_errors(lambda: run(typed(cfg))))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """The benchmarks through the real scripts in their quick modes, plus the pure helpers behind them."""
 
 import csv
+import re
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import ROOT, run_script
 from gpt import attention
-from gpt.bench.attention import DEFAULT_SEQ_LENS, Result, check, tables
+from gpt.bench.attention import BenchAttentionConfig, Result, tables
+from gpt.bench.train import BenchTrainConfig
 from gpt.config import GPTConfig
 from gpt.errors import ConfigError
-from gpt.schema import register
+from gpt.schema import register, typed
 from gpt.train.metrics import PEAK_FLOPS, flops_per_token
 
 register()
@@ -78,18 +79,31 @@ def compose_bench(name: str, *overrides: str):
     ("kernels=[manual:flash]", "has no backend 'flash'"),
     ("modes=[backward]", "modes must be"),
     ("dtype=fp64", "dtype must be one of"),
+    ("repeats=0", "repeats must be positive, got 0"),
+    ("max_seconds=nan", "max_seconds must be positive, got nan"),
 ])
 def test_bench_attention_refuses_bad_settings_before_running(override, message):
     with pytest.raises(ConfigError, match=message):
-        check(compose_bench("bench_attention", override), torch.device("cpu"))
+        typed(compose_bench("bench_attention", override))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("seq_len=4096", "seq_len must be in 1..block_size (128)"),
+    ("precisions=[fp64]", "precisions must be a non-empty list"),
+    ("learning_rate=-1", "learning_rate must be positive, got -1"),
+])
+def test_bench_train_refuses_bad_settings_before_running(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        typed(compose_bench("bench_train", override))
 
 
 def test_bench_configs_compose_with_their_defaults():
-    cfg = compose_bench("bench_attention")
+    cfg = typed(compose_bench("bench_attention"))
+    assert isinstance(cfg, BenchAttentionConfig)
     assert cfg.kernels is None and cfg.seq_lens is None and list(cfg.modes) == ["fwd", "fwd+bwd"]
-    assert check(cfg, torch.device("cpu")) == (attention.available(), DEFAULT_SEQ_LENS["cpu"], ["fwd", "fwd+bwd"])
-    cfg = compose_bench("bench_train", "model=gpt2", "compile=[true]")
-    assert cfg.model.n_layer == 12 and list(cfg.compile) == [True] and list(cfg.precisions) == ["fp32", "bf16"]
+    cfg = typed(compose_bench("bench_train", "model=gpt2", "compile=[true]"))
+    assert isinstance(cfg, BenchTrainConfig) and cfg.model.build(cfg.vocab_size).n_layer == 12
+    assert list(cfg.compile) == [True] and list(cfg.precisions) == ["fp32", "bf16"]
 
 
 def test_flops_per_token_is_six_n_plus_the_attention_term():

@@ -11,18 +11,18 @@ import csv
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
-from omegaconf import DictConfig
 
 from gpt import attention
 from gpt.attention.registry import no_backward
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
-from gpt.device import resolve_device
-from gpt.errors import ConfigError
+from gpt.device import DeviceConfig, resolve_device
+from gpt.errors import ConfigError, check_positive
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = {"fwd": "forward (no_grad)", "fwd+bwd": "forward + backward (grads of q, k, v)"}
@@ -108,35 +108,49 @@ def measure(
     }
 
 
-def check(cfg: DictConfig, device: torch.device) -> tuple[list[str], list[int], list[str]]:
-    """The kernels, lengths and modes to run, or a ConfigError naming the bad value."""
-    kernels = list(cfg.kernels) if cfg.kernels else attention.available()
-    for kernel in kernels:
-        name, _, backend = kernel.partition(":")
-        try:
-            attention.get(name, backend or None)
-        except (KeyError, ValueError) as err:
-            raise ConfigError(f"kernels: {err.args[0]}") from None
-    seq_lens = sorted(set(cfg.seq_lens or DEFAULT_SEQ_LENS.get(device.type, DEFAULT_SEQ_LENS["cpu"])))
-    if any(t <= 0 for t in seq_lens):
-        raise ConfigError(f"seq_lens must be positive, got {seq_lens}")
-    modes = list(cfg.modes)
-    if not modes or any(m not in MODES for m in modes):
-        raise ConfigError(f"modes must be a non-empty list of {', '.join(MODES)}; got {modes}")
-    if cfg.dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
-    if cfg.threads is not None and cfg.threads <= 0:
-        raise ConfigError(f"threads must be positive or null, got {cfg.threads}")
-    for key in ("batch_size", "n_head", "head_dim", "warmup", "repeats"):
-        if cfg[key] <= 0:
-            raise ConfigError(f"{key} must be positive, got {cfg[key]}")
-    return kernels, seq_lens, modes
+@dataclass
+class BenchAttentionConfig:
+    """scripts/bench_attention.py (configs/bench_attention.yaml)."""
+
+    kernels: Optional[list[str]] = None  # default: every registered kernel; sdpa:flash pins a backend
+    seq_lens: Optional[list[int]] = None  # default: 64..4096 on CPU, 512..16384 on CUDA
+    modes: list[str] = field(default_factory=lambda: ["fwd", "fwd+bwd"])
+    batch_size: int = 1
+    n_head: int = 8
+    head_dim: int = 64
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
+    compile: bool = False  # torch.compile each kernel (one fresh compile per case)
+    warmup: int = 1  # untimed calls first (the first one also compiles)
+    repeats: int = 5
+    max_seconds: float = 30.0  # once a length's calls take longer, skip the kernel's longer lengths
+    timeout_s: float = 300.0  # CPU: kill a case (compilation included) that runs longer
+    out_dir: str = "runs/bench_attention"
+
+    def __post_init__(self) -> None:
+        for kernel in self.kernels or []:
+            name, _, backend = kernel.partition(":")
+            try:
+                attention.get(name, backend or None)
+            except (KeyError, ValueError) as err:
+                raise ConfigError(f"kernels: {err.args[0]}") from None
+        if any(not t > 0 for t in self.seq_lens or []):
+            raise ConfigError(f"seq_lens must be positive, got {list(self.seq_lens)}")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ConfigError(f"modes must be a non-empty list of {', '.join(MODES)}; got {list(self.modes)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_positive(self, "batch_size", "n_head", "head_dim", "warmup", "repeats", "max_seconds", "timeout_s")
+        check_positive(self, "threads", optional=True)
 
 
-def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=True)) -> str:
+def run(cfg: BenchAttentionConfig, log=lambda line: print(line, file=sys.stderr, flush=True)) -> str:
     """Run every (kernel, mode, length) case; write CSV, PNG plots and the tables to cfg.out_dir; return the tables."""
     device = resolve_device(cfg.device.type)
-    kernels, seq_lens, modes = check(cfg, device)
+    kernels = list(cfg.kernels or attention.available())
+    seq_lens = sorted(set(cfg.seq_lens or DEFAULT_SEQ_LENS.get(device.type, DEFAULT_SEQ_LENS["cpu"])))
+    modes = list(cfg.modes)
     results = [r for kernel in kernels for mode in modes for r in sweep(kernel, mode, seq_lens, cfg, device, log)]
     header = describe(cfg, device)
     text = header + "\n\n" + tables(results, seq_lens, cfg.compile)
@@ -149,7 +163,8 @@ def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=Tru
     return text + f"\n\nwrote {out_dir}/attention.csv, attention.md, attention_time.png, attention_memory.png"
 
 
-def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: torch.device, log) -> list[Result]:
+def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: BenchAttentionConfig, device: torch.device,
+          log) -> list[Result]:
     """One kernel and mode over the lengths, shortest first. Once a length fails for lack of time or
     memory, or its calls took longer than max_seconds, the longer lengths are skipped (and say so). A backward
     pass the kernel declares it lacks on this device is not tried: its cases say why."""
@@ -183,7 +198,7 @@ def sweep(kernel: str, mode: str, seq_lens: list[int], cfg: DictConfig, device: 
     return results
 
 
-def describe(cfg: DictConfig, device: torch.device) -> str:
+def describe(cfg: BenchAttentionConfig, device: torch.device) -> str:
     """What was measured, and what the figures mean."""
     where = describe_device(device, cfg.threads)
     how = "torch.compile" if cfg.compile else "eager"
@@ -221,17 +236,17 @@ def tables(results: list[Result], seq_lens: list[int], compiled: bool) -> str:
         sections.append(("first call ms (includes compilation)", "first_call_ms"))
     out = []
     headers = ["kernel", "mode", *[f"T={t}" for t in seq_lens]]
-    for title, field in sections:
+    for title, column in sections:
         rows: dict[tuple[str, str], list[str]] = {}
         for r in results:
-            rows.setdefault((r.kernel, r.mode), [r.kernel, r.mode]).append(cell(r, getattr(r, field)))
+            rows.setdefault((r.kernel, r.mode), [r.kernel, r.mode]).append(cell(r, getattr(r, column)))
         out.append(f"**{title}**\n\n" + markdown_table(headers, list(rows.values())))
     if notes:
         out.append("\n".join(f"[{i}] {note}" for i, note in enumerate(notes, 1)))
     return "\n\n".join(out)
 
 
-def write_csv(results: list[Result], cfg: DictConfig, device: torch.device, path: Path) -> None:
+def write_csv(results: list[Result], cfg: BenchAttentionConfig, device: torch.device, path: Path) -> None:
     """One row per case, with the settings repeated so files from several runs can be concatenated."""
     settings = {
         "device": str(device), "dtype": cfg.dtype, "compile": cfg.compile, "batch_size": cfg.batch_size,

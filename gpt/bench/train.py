@@ -10,23 +10,53 @@ from __future__ import annotations
 
 import csv
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Optional
 
 import torch
-from omegaconf import DictConfig
 
 from gpt import attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
-from gpt.config import GPTConfig
-from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
-from gpt.errors import ConfigError
+from gpt.config import AttentionConfig, GPTConfig, ModelConfig
+from gpt.device import PRECISIONS, DeviceConfig, autocast, configure_matmul, resolve_device, resolve_precision
+from gpt.errors import ConfigError, check_positive
 from gpt.model import GPT
-from gpt.schema import model_config
 from gpt.train import metrics
 from gpt.train.config import TrainConfig
 from gpt.train.optim import make_optimizer
+
+
+@dataclass
+class BenchTrainConfig:
+    """scripts/bench_train.py (configs/bench_train.yaml)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
+    vocab_size: int = 256  # unless model.vocab_size is set (e.g. 50304 for GPT-2's padded vocabulary)
+    batch_size: int = 16
+    seq_len: Optional[int] = None  # default: model.block_size
+    compile: list[bool] = field(default_factory=lambda: [False, True])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    warmup: int = 2  # untimed steps first (the first one also compiles)
+    steps: int = 10
+    learning_rate: float = 3e-4
+    peak_tflops: Optional[float] = None  # the device's peak, for MFU where gpt.train.metrics.PEAK_FLOPS lacks it
+    timeout_s: float = 300.0  # CPU: kill a variant (compilation included) that runs longer
+    out_dir: str = "runs/bench_train"
+
+    def __post_init__(self) -> None:
+        check_positive(self, "vocab_size", "batch_size", "warmup", "steps", "learning_rate", "timeout_s")
+        check_positive(self, "threads", "seq_len", "peak_tflops", optional=True)
+        if self.seq_len is not None and self.seq_len > self.model.block_size:
+            raise ConfigError(f"seq_len must be in 1..block_size ({self.model.block_size}), got {self.seq_len}")
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad or not self.precisions:
+            raise ConfigError(f"precisions must be a non-empty list of {', '.join(PRECISIONS)}; "
+                              f"got {list(self.precisions)}")
 
 
 @dataclass
@@ -90,18 +120,11 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
     }
 
 
-def run(cfg: DictConfig, log=lambda line: print(line, file=sys.stderr, flush=True)) -> str:
+def run(cfg: BenchTrainConfig, log=lambda line: print(line, file=sys.stderr, flush=True)) -> str:
     """Measure every (compile, precision) variant; write train.csv and train.md to cfg.out_dir; return the table."""
     device = resolve_device(cfg.device.type)
-    config = model_config(cfg.model, cfg.vocab_size)
+    config = cfg.model.build(cfg.vocab_size)
     seq_len = cfg.seq_len or config.block_size
-    if not 0 < seq_len <= config.block_size:
-        raise ConfigError(f"seq_len must be in 1..block_size ({config.block_size}), got {seq_len}")
-    if cfg.threads is not None and cfg.threads <= 0:
-        raise ConfigError(f"threads must be positive or null, got {cfg.threads}")
-    for key in ("batch_size", "warmup", "steps", "learning_rate"):
-        if cfg[key] <= 0:
-            raise ConfigError(f"{key} must be positive, got {cfg[key]}")
     with torch.device("meta"):  # count the parameters without allocating them
         n_params = GPT(config).num_params()
     flops = metrics.flops_per_token(config, n_params, seq_len)
