@@ -8,8 +8,10 @@ import torch
 
 from gpt import GPT, GPTConfig, pretrained
 from gpt.errors import UserError
-from gpt.generate import TextStream, load_model
-from gpt.sampling import filter_logits, generate, sample_next
+from gpt.decoding import generate
+from gpt.generate import TextStream
+from gpt.pretrained import load_model
+from gpt.sampling import filter_logits, sample_next
 from gpt.tokenizer import CharTokenizer
 
 from conftest import run_script
