@@ -1,40 +1,22 @@
-"""Load a trained model and sample from it: the body of scripts/generate.py, usable from Python too."""
+"""Sample from a trained model as text: the body of scripts/generate.py (loading is gpt.pretrained.load_model)."""
 
 from __future__ import annotations
 
 import codecs
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 import torch
 from omegaconf import DictConfig
 
-from gpt import pretrained
 from gpt import tokenizer as tok
+from gpt.decoding import prompt_ids, stream
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.sampling import check_sampling, prompt_ids, stream
-
-
-def load_model(
-    ckpt: str | Path,
-    device: torch.device | str = "cpu",
-    attention: str | None = None,
-    backend: str | None = None,
-    init_path: str | None = None,
-) -> tuple[GPT, tok.Tokenizer]:
-    """The model (in eval mode) and tokenizer that ``ckpt`` names; ``attention`` swaps the kernel.
-
-    ``backend`` (sdpa's attention.backend) is a choice for this run: the one training used is not restored.
-    """
-    config, state, tokenizer = pretrained.load_weights(ckpt, init_path)
-    config = replace(config, attention=attention or config.attention, attention_backend=backend)
-    model = GPT(config)
-    model.load_state_dict(state)
-    return model.to(device).eval(), tok.from_meta(tokenizer)
+from gpt.pretrained import load_model
+from gpt.sampling import check_sampling
 
 
 class TextStream:

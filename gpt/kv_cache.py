@@ -2,7 +2,10 @@
 
 The prompt is prefilled once; each later step feeds one token and attends to the cached keys. Grouped-
 query models cache only their n_kv_head heads. A sliding-window model keeps only the last `window`
-keys in a ring buffer: a one-token step may attend to all of them, so their order does not matter.
+keys in a ring buffer (slot = position % window): a one-token step may attend to all of them, so their
+order does not matter. Each layer's LayerKV holds its own two buffers and nothing else; the KVCache
+keeps what the layers share (how many tokens were seen, which of them are real) and the model passes
+it down.
 """
 
 from __future__ import annotations
@@ -13,76 +16,77 @@ from torch import Tensor
 from gpt.config import GPTConfig
 
 
-class LayerCache:
-    """One layer's slice of the cache; ``update`` stores new keys and returns what the step attends to."""
+def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
+    """Put positions start.. of `new` (along `dim`) into `store` at slot position % slots, keeping the last `slots`.
 
-    def __init__(self, parent: "KVCache") -> None:
-        self.parent = parent
-        self.k: Tensor | None = None  # (B, Hkv, size, D), allocated on first use in the keys' dtype
+    A store of block_size slots never wraps; a ring of `window` slots does once positions pass its size.
+    """
+    size, n = store.size(dim), new.size(dim)
+    first = start % size
+    if first + n <= size:  # one contiguous run of slots: every write but a prompt longer than a ring
+        store.narrow(dim, first, n).copy_(new)
+        return
+    keep = min(n, size)
+    slots = torch.arange(start + n - keep, start + n, device=store.device) % size
+    store.index_copy_(dim, slots, new.narrow(dim, n - keep, keep))
+
+
+class LayerKV:
+    """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.k: Tensor | None = None
         self.v: Tensor | None = None
 
-    def update(
-        self, k: Tensor, v: Tensor, key_mask: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None, int | None]:
-        """Store k, v (B, Hkv, T, D) and the new tokens' key_mask (B, T; None: all real tokens).
+    def update(self, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, Hkv, T, D) of positions start..start+T-1; return what these T queries attend to.
 
-        Returns keys, values, their key mask (None while nothing is padded) and the window the kernel
-        should apply (None when the cache itself holds only keys inside the window).
+        A prompt (start 0) attends to its own keys (a ring may keep only their tail); a later step to every
+        slot filled so far.
         """
-        cache, start, T = self.parent, self.parent.length, k.size(2)
-        if key_mask is not None and start == 0:
-            cache.padded = True
-        if key_mask is None and cache.padded:  # new tokens after a padded prompt are all real
-            key_mask = torch.ones(k.size(0), T, dtype=torch.bool, device=k.device)
-        if self.k is None:
-            shape = (k.size(0), k.size(1), cache.size, k.size(3))
-            self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
-        if cache.window is None:  # keys in position order: slots 0..length-1
-            self.k[:, :, start : start + T] = k
-            self.v[:, :, start : start + T] = v
-            if key_mask is not None:
-                cache.key_mask[:, start : start + T] = key_mask
-            end = start + T
-            return self.k[:, :, :end], self.v[:, :, :end], cache.mask(end), None
-        if start == 0:  # the prompt: attend to it directly, keep its last `window` keys
-            slots = torch.arange(max(0, T - cache.size), T, device=k.device) % cache.size
-            self.k[:, :, slots] = k[:, :, -cache.size :]
-            self.v[:, :, slots] = v[:, :, -cache.size :]
-            if key_mask is not None:
-                cache.key_mask[:, slots] = key_mask[:, -cache.size :]
-            return k, v, key_mask, cache.window
-        if T != 1:
-            raise ValueError("a sliding-window cache takes one token at a time after the prompt")
-        slot = start % cache.size
-        self.k[:, :, slot] = k[:, :, 0]
-        self.v[:, :, slot] = v[:, :, 0]
-        if key_mask is not None:
-            cache.key_mask[:, slot] = key_mask[:, 0]
-        filled = min(start + 1, cache.size)
-        return self.k[:, :, :filled], self.v[:, :, :filled], cache.mask(filled), None
+        if self.k is None or self.v is None:
+            shape = (k.size(0), k.size(1), self.size, k.size(3))
+            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
+        write(self.k, k, start, dim=2)
+        write(self.v, v, start, dim=2)
+        if start == 0:
+            return k, v
+        filled = min(start + k.size(2), self.size)
+        return self.k[:, :, :filled], self.v[:, :, :filled]
 
 
 class KVCache:
-    """Keys and values of every layer for a batch of sequences of up to block_size tokens."""
+    """Keys and values of every layer for a batch of sequences of up to block_size tokens, and which are real."""
 
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
         self.max_length = config.block_size
-        self.window = config.window if config.window is not None and config.window < config.block_size else None
+        ring = config.window is not None and config.window < config.block_size
+        self.window = config.window if ring else None  # a ring of `window` slots; None: block_size slots in order
         self.size = self.window or config.block_size  # slots kept per layer
         self.length = 0  # tokens seen so far (positions in the padded batch)
-        self.key_mask = torch.zeros(batch_size, self.size, dtype=torch.bool, device=device)
-        self.padded = False  # whether any prompt was left-padded (else the kernels get no mask)
-        self.layers = [LayerCache(self) for _ in range(config.n_layer)]
+        self.key_mask = torch.ones(batch_size, self.size, dtype=torch.bool, device=device)  # False: left padding
+        self.padded = False  # whether the prompt was left-padded (else the kernels get no mask at all)
+        self.layers = [LayerKV(self.size) for _ in range(config.n_layer)]
 
-    def mask(self, n: int) -> Tensor | None:
-        return self.key_mask[:, :n] if self.padded else None
+    def step(self, n: int, key_mask: Tensor | None) -> tuple[Tensor | None, int | None]:
+        """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).
 
-    @property
-    def full(self) -> bool:
-        return self.length >= self.max_length
-
-    def advance(self, n: int) -> None:
-        if self.length + n > self.max_length:
-            raise ValueError(f"KV cache overflow: {self.length} + {n} tokens exceed block_size {self.max_length}")
+        Returns the key mask and window for the attention over what each LayerKV.update returns: the
+        prompt's own mask and the window, later the mask of every cached key and no window.
+        """
+        start = self.length
+        if start + n > self.max_length:
+            raise ValueError(f"KV cache overflow: {start} + {n} tokens exceed block_size {self.max_length}")
+        if self.window is not None and start > 0 and n != 1:
+            raise ValueError("a sliding-window cache takes one token at a time after the prompt")
         self.length += n
+        if start == 0:
+            self.padded = key_mask is not None
+        if self.padded:  # tokens after a padded prompt are all real
+            new = key_mask if key_mask is not None else self.key_mask.new_ones(self.key_mask.size(0), n)
+            write(self.key_mask, new, start, dim=1)
+        if start == 0:
+            return key_mask, self.window
+        filled = min(start + n, self.size)
+        return (self.key_mask[:, :filled] if self.padded else None), None

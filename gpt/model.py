@@ -19,7 +19,7 @@ from torch import Tensor
 from gpt import attention
 from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
-from gpt.kv_cache import KVCache, LayerCache
+from gpt.kv_cache import KVCache, LayerKV
 
 
 class CausalSelfAttention(nn.Module):
@@ -34,7 +34,6 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head
         self.head_dim = config.head_dim
-        self.window = config.window
         self.dropout = config.dropout
         qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
         self.c_attn = nn.Linear(config.n_embd, qkv_dim, bias=config.bias)
@@ -47,9 +46,14 @@ class CausalSelfAttention(nn.Module):
         x: Tensor,
         rope: tuple[Tensor, Tensor] | None = None,
         key_mask: Tensor | None = None,
-        cache: LayerCache | None = None,
+        window: int | None = None,
+        cache: LayerKV | None = None,
+        start: int = 0,
     ) -> Tensor:
-        """x (B, T, C); key_mask (B, T), True for real tokens (False: left padding nobody attends to)."""
+        """x (B, T, C) at positions start..; key_mask (B, Tk), True for real keys (False: left padding).
+
+        With a cache, the new keys are stored and the queries attend to what it returns (key_mask covers those).
+        """
         B, T, C = x.shape
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
@@ -59,9 +63,8 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        window = self.window
-        if cache is not None:  # attend to the cached keys too (key_mask then covers all of them)
-            k, v, key_mask, window = cache.update(k, v, key_mask)
+        if cache is not None:
+            k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
         mask = None if key_mask is None else key_mask[:, None, None, :]
         y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
@@ -97,9 +100,11 @@ class Block(nn.Module):
         x: Tensor,
         rope: tuple[Tensor, Tensor] | None = None,
         key_mask: Tensor | None = None,
-        cache: LayerCache | None = None,
+        window: int | None = None,
+        cache: LayerKV | None = None,
+        start: int = 0,
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), rope, key_mask, cache)
+        x = x + self.attn(self.ln_1(x), rope, key_mask, window, cache, start)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -169,22 +174,14 @@ class GPT(nn.Module):
         else:
             cos, sin = rope_angles(positions, self.config.head_dim)  # computed once, used by every layer
             rope = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])  # (B, 1, T, D/2)
+        window = self.config.window
+        if cache is not None:  # the cache's bookkeeping, once for all layers: which keys are real, what window
+            key_mask, window = cache.step(T, key_mask)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, key_mask, cache.layers[i] if cache is not None else None)
-        if cache is not None:
-            cache.advance(T)
+            x = block(x, rope, key_mask, window, cache.layers[i] if cache is not None else None, start)
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
-
-    def generate(self, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
-        """Append up to max_new_tokens sampled tokens to each row of idx (B, T).
-
-        Keyword arguments (temperature, top_k, top_p, generator, stop_token, kv_cache) are gpt.sampling.stream's.
-        """
-        from gpt.sampling import generate
-
-        return generate(self, idx, max_new_tokens, **kwargs)

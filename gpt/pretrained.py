@@ -1,17 +1,22 @@
-"""Weights in and out: OpenAI's GPT-2 (Hugging Face layout) in, this project's safetensors export out and in."""
+"""Weights in and out: OpenAI's GPT-2 (Hugging Face layout) in, this project's safetensors export out and in,
+and load_model, which turns any of them (or a training checkpoint) into a model ready for inference."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from gpt import checkpoint
+from gpt import tokenizer as tok
 from gpt.config import GPTConfig
 from gpt.errors import UserError
+from gpt.model import GPT
 from gpt.tokenizer import GPT2_ENCODING
-from gpt import checkpoint
 
 GPT2_SIZES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
@@ -132,3 +137,21 @@ def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTCon
     if is_export(ckpt):
         return load_export(ckpt)
     return checkpoint.read_model(checkpoint.load(checkpoint.resolve(ckpt)))
+
+
+def load_model(
+    ckpt: str | Path,
+    device: torch.device | str = "cpu",
+    attention: str | None = None,
+    backend: str | None = None,
+    init_path: str | None = None,
+) -> tuple[GPT, tok.Tokenizer]:
+    """The model (in eval mode) and tokenizer that ``ckpt`` names (as for load_weights); ``attention`` swaps the kernel.
+
+    ``backend`` (sdpa's attention.backend) is a choice for this run: the one training used is not restored.
+    """
+    config, state, tokenizer = load_weights(ckpt, init_path)
+    config = replace(config, attention=attention or config.attention, attention_backend=backend)
+    model = GPT(config)
+    model.load_state_dict(state)
+    return model.to(device).eval(), tok.from_meta(tokenizer)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from gpt.attention.probe import record_attention
+from gpt.attention.recording import record_attention
 from gpt.model import GPT
 from gpt.tokenizer import Tokenizer
 

@@ -13,8 +13,9 @@ register()
 def main(cfg: DictConfig) -> None:
     from gpt.device import resolve_device
     from gpt.errors import UserError
-    from gpt.generate import load_model, unescape
-    from gpt.sampling import prompt_ids
+    from gpt.decoding import prompt_ids
+    from gpt.generate import unescape
+    from gpt.pretrained import load_model
     from gpt.visualize import save_attention_png
 
     def draw():

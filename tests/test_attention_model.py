@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from gpt import GPT, GPTConfig, attention
 from gpt.attention.rope import apply_rope, rope_angles
+from gpt.decoding import generate
 from gpt.errors import ConfigError
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=61)
@@ -132,7 +133,7 @@ def test_rope_scores_depend_only_on_relative_position():
 def test_rope_model_generates_and_its_later_tokens_do_not_leak():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, pos_embedding="rope", n_kv_head=2)).eval()
-    out = model.generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=20, top_k=5)
+    out = generate(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=20, top_k=5)
     assert out.shape == (1, 23)
 
 

@@ -9,8 +9,10 @@ import torch
 from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig, pretrained
 from gpt.errors import UserError
-from gpt.generate import TextStream, load_model
-from gpt.sampling import filter_logits, generate, sample_next
+from gpt.decoding import generate
+from gpt.generate import TextStream
+from gpt.pretrained import load_model
+from gpt.sampling import filter_logits, sample_next
 from gpt.tokenizer import CharTokenizer
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=12, vocab_size=40)

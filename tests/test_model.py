@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt import GPT, GPTConfig
+from gpt.decoding import generate
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=61)
 
@@ -114,9 +115,9 @@ def test_dropout_is_active_only_in_training():
 def test_generate_extends_each_row_and_slides_past_block_size():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY)).eval()
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=30, top_k=5)
+    out = generate(model, torch.zeros(2, 3, dtype=torch.long), max_new_tokens=30, top_k=5)
     assert out.shape == (2, 33)
     assert int(out.max()) < 61
-    greedy = model.generate(torch.zeros(1, 3, dtype=torch.long), 5, temperature=0.0)
+    greedy = generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0.0)
     logits, _ = model(greedy[:, :3])
     assert greedy[0, 3] == logits[0, -1].argmax()

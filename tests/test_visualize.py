@@ -1,11 +1,11 @@
-"""Attention maps: the probe records the weights the model really uses, for every kernel and option."""
+"""Attention maps: record_attention records the weights the model really uses, for every kernel and option."""
 
 import pytest
 import torch
 
 from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig
-from gpt.attention.probe import record_attention
+from gpt.attention.recording import record_attention
 from gpt.visualize import attention_maps
 
 OPTIONS = [{}, {"n_kv_head": 2, "window": 3, "pos_embedding": "rope"}]
@@ -13,7 +13,7 @@ OPTIONS = [{}, {"n_kv_head": 2, "window": 3, "pos_embedding": "rope"}]
 
 @pytest.mark.parametrize("kernel", ["manual", "sdpa", "heads"])
 @pytest.mark.parametrize("options", OPTIONS)
-def test_probe_leaves_outputs_unchanged_and_records_every_layer(kernel, options):
+def test_recording_leaves_outputs_unchanged_and_records_every_layer(kernel, options):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=40, attention=kernel, **options))
     model.eval()

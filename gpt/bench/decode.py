@@ -10,8 +10,8 @@ from omegaconf import DictConfig
 from gpt import GPT
 from gpt.bench.report import markdown_table, median_seconds
 from gpt.device import resolve_device
-from gpt.generate import load_model
-from gpt.sampling import generate
+from gpt.decoding import generate
+from gpt.pretrained import load_model
 from gpt.schema import model_config
 
 

@@ -1,6 +1,6 @@
 """What TensorBoard shows besides scalars: the config, text samples, and one layer's attention maps.
 
-The maps come from gpt.visualize (weights recomputed by the attention probe, so any kernel works).
+The maps come from gpt.visualize (weights recomputed by gpt.attention.recording, so any kernel works).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 from gpt.data.loader import TokenData
 from gpt.model import GPT
-from gpt.sampling import prompt_ids
+from gpt.decoding import generate, prompt_ids
 from gpt.train.resume import flatten
 from gpt.visualize import attention_figure, attention_maps, token_labels
 
@@ -34,7 +34,7 @@ def sample_text(model: GPT, data: TokenData, prompt: str | list[int], n: int, se
     start = torch.tensor([ids], device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with ctx:
-        out = model.generate(start, n, temperature=0.8, top_k=200, generator=gen)
+        out = generate(model, start, n, temperature=0.8, top_k=200, generator=gen)
     return data.tokenizer.decode(out[0].tolist())
 
 

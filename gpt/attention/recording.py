@@ -1,6 +1,6 @@
 """Attention weights made visible: run a model with every layer's kernel swapped for one that records them.
 
-Fused kernels (sdpa, flex) never materialise the weights, so the probe recomputes them explicitly from
+Fused kernels (sdpa, flex) never materialise the weights, so the recorder recomputes them explicitly from
 the q, k, v each layer hands its kernel (after RoPE, with GQA heads and the window and padding masks as
 the kernel sees them). All kernels compute the same function, so the pictures hold for any of them.
 """

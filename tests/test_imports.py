@@ -1,0 +1,111 @@
+"""Imports run one way: no cycles inside gpt/, and the inference side (model, attention, sampling, decoding,
+generation, export, visualisation) loads without the training package."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+INFERENCE = [
+    "gpt/model.py", "gpt/kv_cache.py", "gpt/sampling.py", "gpt/decoding.py", "gpt/generate.py",
+    "gpt/pretrained.py", "gpt/checkpoint.py", "gpt/tokenizer.py", "gpt/visualize.py",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt" / "attention").glob("*.py")),
+]
+INFERENCE_SCRIPTS = ["scripts/generate.py", "scripts/export.py", "scripts/visualize_attention.py"]
+
+# In a fresh interpreter, for each file: forget every gpt module, run the file's gpt imports (those inside
+# functions too), and report which gpt.train modules came along.
+IMPORT_EACH = """
+import json, sys
+results = {}
+for path, statements in json.loads(sys.argv[1]).items():
+    for name in [n for n in sys.modules if n == "gpt" or n.startswith("gpt.")]:
+        del sys.modules[name]
+    for statement in statements:
+        exec(statement, {})
+    results[path] = sorted(n for n in sys.modules if n == "gpt.train" or n.startswith("gpt.train."))
+print(json.dumps(results))
+"""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def gpt_imports(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a gpt module in the file, at module level or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "gpt" for a in node.names):
+            found.append(node)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gpt":
+            found.append(node)
+    return found
+
+
+@pytest.fixture(scope="module")
+def training_modules_pulled_in() -> dict[str, list[str]]:
+    """For each inference file, the gpt.train modules that importing it (and its lazy imports) loads."""
+    plan = {}
+    for rel in INFERENCE + INFERENCE_SCRIPTS:
+        path = ROOT / rel
+        own = [] if rel.startswith("scripts/") else [f"import {module_name(path)}"]
+        plan[rel] = own + [ast.unparse(node) for node in gpt_imports(path)]
+    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, json.dumps(plan)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_the_inference_library_imports_nothing_from_gpt_train(training_modules_pulled_in):
+    pulled = {path: mods for path, mods in training_modules_pulled_in.items() if path in INFERENCE and mods}
+    assert pulled == {}
+
+
+@pytest.mark.xfail(strict=True, reason="gpt.schema (the scripts' Hydra schema) still imports gpt.train.config")
+def test_the_inference_scripts_import_nothing_from_gpt_train(training_modules_pulled_in):
+    pulled = {path: mods for path, mods in training_modules_pulled_in.items() if path in INFERENCE_SCRIPTS and mods}
+    assert pulled == {}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """gpt module -> the gpt modules it imports (``from gpt import x`` names the submodule x when there is one)."""
+    files = {module_name(p): p for p in (ROOT / "gpt").rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for node in gpt_imports(path):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            else:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                            for a in node.names}
+        graph[name] = targets - {name}
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_no_import_cycles_in_gpt():
+    graph = import_graph()
+    cycles = sorted(name for name in graph if name in reachable(graph, name))
+    assert cycles == [], f"modules that import themselves through others: {cycles}"
+    model_needs = reachable(graph, "gpt.model")
+    assert {"gpt.sampling", "gpt.decoding", "gpt.generate"}.isdisjoint(model_needs)
+    assert "gpt.model" in reachable(graph, "gpt.decoding")  # the decoding side uses the model, not the reverse
