@@ -32,6 +32,7 @@ from gpt.config import GPTConfig
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
+from gpt.data.sampler import make_sampler
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.model import GPT
@@ -233,7 +234,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
     np.random.seed(cfg.seed + d.rank)
     optimizer = make_optimizer(raw_model, tcfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    train_gen = torch.Generator().manual_seed(cfg.seed)
+    sampler = make_sampler(data_cfg.sampling, data, tcfg.batch_size, mcfg.block_size, cfg.seed, d.rank, d.world_size)
     step, evaluated, best_val, skipped, last_eval = 0, False, math.inf, 0, {}
     resumed = state is not None
     if resumed:
@@ -241,7 +242,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
         optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:
             scaler.load_state_dict(state["scaler"])
-        train_gen.set_state(state["data"]["train_generator"])
+        sampler.load_state_dict(state["data"])
         rngs = state["rng"]
         if len(rngs) == d.world_size:
             checkpoint.set_rng_state(rngs[d.rank])
@@ -279,12 +280,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
     )
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        mine: list[int] = []
-        for slot in range(d.world_size):  # every rank draws every slot, so the generator stays in step
-            starts = data.random_starts("train", tcfg.batch_size, mcfg.block_size, train_gen)
-            if slot == d.rank:
-                mine = starts
-        return data.windows("train", mine, mcfg.block_size, device)
+        return data.windows("train", sampler.next(), mcfg.block_size, device)
 
     def save(evaluated_here: bool, best: bool) -> None:
         """Checkpoint the state after ``step`` optimizer steps; every rank takes part (RNG states)."""
@@ -308,7 +304,7 @@ def _train(cfg: DictConfig, tcfg: TrainConfig, run_dir: Path, device: torch.devi
                     "optimizer": optimizer.state_dict(),
                     "scaler": scaler.state_dict(),
                     "rng": rngs,
-                    "data": {"train_generator": train_gen.get_state()},
+                    "data": sampler.state_dict(),
                     "world_size": d.world_size,
                 }, run_dir / checkpoint.LATEST)
                 if best:
