@@ -47,7 +47,8 @@ def test_gpt2_ends_every_nonempty_document_with_end_of_text(tmp_path):
     data = TokenData(out)
     expected = "".join((folder / f"doc{i:03d}.txt").read_text() + "<|endoftext|>" for i in (9, 19, 29, 39))
     assert data.tokenizer.decode(val) == expected
-    assert meta["splits"]["val"]["bytes"] == sum(len((folder / f"doc{i:03d}.txt").read_bytes()) for i in (9, 19, 29, 39))
+    val_files = [folder / f"doc{i:03d}.txt" for i in (9, 19, 29, 39)]
+    assert meta["splits"]["val"]["bytes"] == sum(len(p.read_bytes()) for p in val_files)
 
 
 def test_char_tokenizer_joins_documents_with_nothing_between(tmp_path):

@@ -1,4 +1,4 @@
-"""Data sources: files (text, JSONL, parquet; a folder or a glob) and Hugging Face datasets, all local, and bad input."""
+"""Data sources: files (text, JSONL, parquet; folder or glob), Hugging Face datasets (all local), bad input."""
 
 import json
 import sys

@@ -1,4 +1,5 @@
-"""Readers that stream documents out of one file: a text file (one document), JSONL (one per line), parquet (one per row).
+"""Readers that stream the documents of one file: text (the file is one document), JSONL (one per line),
+parquet (one per row).
 
 Each yields the documents' text in file order; an empty or null text is yielded as "" (the caller skips and
 counts it). A malformed line or a missing field is a UserError naming the file and the line.

@@ -25,7 +25,8 @@ def hf_source(cfg: DataConfig) -> Source:
     what = f"{cfg.dataset}" + (f" ({cfg.subset})" if cfg.subset else "") + f", split {cfg.split}"
     if local.is_dir():
         files = sorted(p for p in local.rglob("*") if p.is_file())
-        manifest: dict[str, Any] = {"kind": "hf-disk", "root": str(local.resolve()), "files": file_entries(files, local)}
+        manifest: dict[str, Any] = {"kind": "hf-disk", "root": str(local.resolve()),
+                                    "files": file_entries(files, local)}
         read = lambda: rows(open_local(local, cfg.split), cfg.text_field, what)  # noqa: E731
     else:
         import_datasets()  # say now, not at the first document, that the library is missing

@@ -61,7 +61,8 @@ def read_meta(data_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is unreadable ({err})", hint=f"delete {data_dir} and run again to re-prepare") from None
+        raise UserError(f"{path} is unreadable ({err})",
+                        hint=f"delete {data_dir} and run again to re-prepare") from None
 
 
 def check_version(meta: dict[str, Any], data_dir: Path) -> None:
@@ -236,4 +237,5 @@ def commit(staging: Path, data_dir: Path, meta: dict[str, Any]) -> None:
         for name in [*files, "meta.json"]:
             os.replace(staging / name, data_dir / name)
     except OSError as err:
-        raise UserError(f"could not write prepared data to {data_dir}: {err.strerror or err}", hint=WRITE_HINT) from None
+        raise UserError(f"could not write prepared data to {data_dir}: {err.strerror or err}",
+                        hint=WRITE_HINT) from None

@@ -101,7 +101,8 @@ def path_source(cfg: DataConfig) -> Source:
     """source=path (data=text): text files only, one document each; binary files are skipped."""
     files, base = list_files(cfg.path)
     if not files:
-        raise UserError(f"no text files found under data.path {cfg.path!r}", hint="point it at .txt or other text files")
+        raise UserError(f"no text files found under data.path {cfg.path!r}",
+                        hint="point it at .txt or other text files")
     plural = "s" if len(files) != 1 else ""
     return files_source(files, base, "path", f"{cfg.path} ({len(files)} file{plural})", "text", "text", True)
 
