@@ -31,7 +31,7 @@ def compose_train(*overrides: str):
 @pytest.mark.parametrize("group", ["model", "attention", "data", "device"])
 def test_every_option_of_every_group_composes_and_becomes_its_typed_config(group):
     for option in options(group):
-        cfg = compose_train(f"{group}={option}", "out_dir=x", "data.path=somewhere")
+        cfg = compose_train(f"{group}={option}", "out_dir=x", "data.path=somewhere", "data.dataset=somewhere")
         run = typed(cfg)
         assert isinstance(run, RunConfig)
         assert isinstance(run.data, DataConfig) and isinstance(run.device, DeviceConfig)

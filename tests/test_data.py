@@ -7,9 +7,17 @@ from conftest import needs_gpt2
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare, token_dtype
-from gpt.data.sources import stdlib_corpus
+from gpt.data.sources import stdlib_source
 from gpt.errors import UserError
 from gpt.tokenizer import CharTokenizer, GPT2Tokenizer
+
+QUIET = dict(log=lambda *_: None)
+
+
+def tokens(out, split: str) -> np.ndarray:
+    """A prepared split's whole token stream, read from its shards."""
+    data = TokenData(out)
+    return np.asarray(data.splits[split][:])
 
 
 def test_prepare_a_text_folder(text_dir, tmp_path):
@@ -17,11 +25,12 @@ def test_prepare_a_text_folder(text_dir, tmp_path):
     out = prepare(cfg, log=lambda *_: None)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["tokenizer"]["kind"] == "char" and meta["dtype"] == "uint16"
-    assert meta["source"]["documents"] == 12
+    assert meta["source"]["documents"] == 12 and meta["version"] == 2
+    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (11, 1)
     tokenizer = CharTokenizer(meta["tokenizer"]["chars"])
-    train = np.fromfile(out / "train.bin", dtype=np.uint16)
-    val = np.fromfile(out / "val.bin", dtype=np.uint16)
-    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
+    train, val = tokens(out, "train"), tokens(out, "val")
+    assert (len(train), len(val)) == (meta["splits"]["train"]["tokens"], meta["splits"]["val"]["tokens"])
+    assert meta["splits"]["val"]["bytes"] == (text_dir / "mod09.py").stat().st_size
     # 12 documents, every 10th held out: mod09 is the validation split, byte for byte.
     assert tokenizer.decode(val.tolist()) == (text_dir / "mod09.py").read_text()
     originals = "".join((text_dir / f"mod{i:02d}.py").read_text() for i in range(12) if i != 9)
@@ -32,13 +41,13 @@ def test_prepare_is_skipped_when_up_to_date_and_refuses_to_replace_other_data(te
     cfg = DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path / "data"))
     logs = []
     out = prepare(cfg, log=logs.append)
-    mtime = (out / "train.bin").stat().st_mtime_ns
+    mtime = (out / "train_000000.bin").stat().st_mtime_ns
     prepare(cfg, log=logs.append)
     assert len([line for line in logs if line.startswith("preparing")]) == 1
-    assert (out / "train.bin").stat().st_mtime_ns == mtime
+    assert (out / "train_000000.bin").stat().st_mtime_ns == mtime
     (text_dir / "mod00.py").write_text("a brand new file ~~~\n" * 50)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(UserError, match="was prepared from .* not from") as err:
+    with pytest.raises(UserError, match=r"was prepared from .* not from .* \(its files changed since\)") as err:
         prepare(cfg, log=logs.append)
     assert "data.rebuild=true" in err.value.hint
     with pytest.raises(UserError, match="with the char tokenizer, not from .* with the gpt2 tokenizer"):
@@ -55,7 +64,7 @@ def test_a_single_file_is_split_by_position(tmp_path):
     source.write_text("".join(chr(97 + i % 26) for i in range(1000)))
     out = prepare(DataConfig(name="one", source="path", path=str(source), root=str(tmp_path)), log=lambda *_: None)
     meta = json.loads((out / "meta.json").read_text())
-    assert (meta["train_tokens"], meta["val_tokens"]) == (900, 100)
+    assert (meta["splits"]["train"]["tokens"], meta["splits"]["val"]["tokens"]) == (900, 100)
 
 
 def test_non_utf8_bytes_are_replaced_with_a_warning(tmp_path):
@@ -72,6 +81,7 @@ def test_non_utf8_bytes_are_replaced_with_a_warning(tmp_path):
         (lambda p: p / "missing", "does not exist"),
         (lambda p: (p / "empty").mkdir() or p / "empty", "no text files"),
         (lambda p: (p / "e.txt").write_text("") or p / "e.txt", "only empty files"),
+        (lambda p: (p / "bin").write_bytes(b"\0\1" * 10) and p / "bin", "only empty files"),
     ],
 )
 def test_bad_paths_are_user_errors(tmp_path, make, message):
@@ -91,7 +101,8 @@ def test_batches_are_next_token_windows(text_dir, tmp_path):
 
     out = prepare(DataConfig(name="b", source="path", path=str(text_dir), root=str(tmp_path)), log=lambda *_: None)
     data = TokenData(out)
-    x, y = data.batch("train", 4, 16, torch.Generator().manual_seed(0), torch.device("cpu"))
+    starts = data.random_starts("train", 4, 16, torch.Generator().manual_seed(0))
+    x, y = data.windows("train", starts, 16, torch.device("cpu"))
     assert x.shape == y.shape == (4, 16)
     assert torch.equal(x[:, 1:], y[:, :-1])
     with pytest.raises(UserError, match="fewer than block_size"):
@@ -99,19 +110,19 @@ def test_batches_are_next_token_windows(text_dir, tmp_path):
 
 
 def test_stdlib_corpus_is_deterministic_and_has_no_tests():
-    a, b = stdlib_corpus(), stdlib_corpus()
-    names = [name for name, _ in a.documents]
-    assert names == sorted(names) and len(names) > 300
+    a, b = stdlib_source(), stdlib_source()
+    names = [name for name, _, _ in a.manifest["files"]]
+    assert len(names) > 300 and len(names) == a.total
     assert not any(name.startswith("test/") or "/tests/" in name for name in names)
     assert a.fingerprint() == b.fingerprint()
-    assert sum(len(text) for _, text in a.documents) > 5_000_000
+    assert sum(size for _, size, _ in a.manifest["files"]) > 5_000_000
 
 
 def test_prepare_the_stdlib_corpus(tmp_path):
     out = prepare(DataConfig(root=str(tmp_path)), log=lambda *_: None)
     data = TokenData(out)
-    meta = data.meta
-    assert meta["train_tokens"] > 5_000_000 and meta["val_tokens"] > 300_000
+    splits = data.meta["splits"]
+    assert splits["train"]["tokens"] > 5_000_000 and splits["val"]["tokens"] > 300_000
     assert "def " in data.tokenizer.decode(data.splits["val"][:20000].tolist())
 
 
@@ -130,7 +141,9 @@ def test_prepare_with_the_gpt2_tokenizer(text_dir, tmp_path):
     cfg = DataConfig(name="bpe", source="path", path=str(text_dir), tokenizer="gpt2", root=str(tmp_path))
     data = TokenData(prepare(cfg, log=lambda *_: None))
     assert data.meta["dtype"] == "uint16" and data.tokenizer.vocab_size == 50257
-    assert data.tokenizer.decode(data.splits["val"].tolist()) == (text_dir / "mod09.py").read_text()
+    val = data.splits["val"][:].tolist()
+    assert val[-1] == 50256 and val.count(50256) == 1  # the one validation document, then end-of-text
+    assert data.tokenizer.decode(val[:-1]) == (text_dir / "mod09.py").read_text()
 
 
 def test_unreachable_gpt2_encoding_says_how_to_provide_it(monkeypatch):
@@ -156,22 +169,15 @@ def test_download_source_caches_the_file(tmp_path):
 
 
 def test_a_failed_write_leaves_the_prepared_data_as_it_was(text_dir, tmp_path, monkeypatch):
-    import errno
-
     from gpt.data import prepare as prep
 
     cfg = DataConfig(name="mine", source="path", path=str(text_dir), root=str(tmp_path), rebuild=True)
     out = prepare(cfg, log=lambda *_: None)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    calls = []
 
-    def disk_full(path, write, **kwargs):
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, write, **kwargs)
+    def disk_full(path, write, **kwargs):  # as atomic_write reports a full disk, when writing meta.json
+        raise UserError(f"could not write prepared data {path}: No space left on device")
 
-    real = prep.atomic_write
     monkeypatch.setattr(prep, "atomic_write", disk_full)
     with pytest.raises(UserError, match="No space left on device"):
         prepare(cfg, log=lambda *_: None)

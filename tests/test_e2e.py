@@ -68,7 +68,7 @@ def test_generate_samples_and_another_kernel_gives_the_same_text(trained):
 def test_prepare_script(tmp_path, text_dir):
     result = run_script("prepare", "data=text", f"data.path={text_dir}", f"data.root={tmp_path}")
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "text" / "train.bin").exists() and "ready:" in result.stdout
+    assert (tmp_path / "text" / "train_000000.bin").exists() and "ready:" in result.stdout
 
 
 def test_fine_tuning_starts_from_exported_weights_and_checks_the_tokenizer(trained, tmp_path):

@@ -1,22 +1,49 @@
-"""Turn a corpus into data/<name>/{train,val}.bin (flat token ids) plus meta.json describing them."""
+"""Turn a corpus into data/<name>/: fixed-size token shards per split plus meta.json describing them.
+
+Documents stream from the source (memory does not grow with the corpus), are split into train and
+validation by whole documents, encoded in batches on ``data.num_proc`` threads and appended to shards
+of ``data.shard_tokens`` tokens in a staging folder. A checkpoint after every completed shard lets an
+interrupted preparation continue from there; the finished folder replaces the old one only once complete.
+
+meta.json (version 2)::
+
+    {"version": 2, "tokenizer": {...}, "dtype": "uint16",
+     "splits": {"train": {"shards": [{"file": "train_000000.bin", "tokens": N}, ...], "tokens": N,
+                          "bytes": <UTF-8 bytes of the text behind the split>, "documents": D},
+                "val": {...}},
+     "source": {"kind", "description", "fingerprint", "settings", "documents", "empty_documents"}}
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from gpt import tokenizer as tok
 from gpt.checkpoint import atomic_write
 from gpt.data.config import DataConfig
-from gpt.data.sources import Corpus, load_corpus
+from gpt.data.encode import every_kth, make_encoder, route, text_bytes
+from gpt.data.progress import Progress
+from gpt.data.shards import ShardWriter
+from gpt.data.hf import hf_source
+from gpt.data.sources import Source, format_source, path_source, stdlib_source, url_source
 from gpt.errors import UserError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SPLITS = ("train", "val")
+PROGRESS_FILE = "progress.json"
+BATCH_CHARS = 4_000_000  # text encoded per batch: enough documents to keep every thread busy
+BATCH_DOCS = 8192
+WRITE_HINT = "free disk space or choose another data.root"
+
+Log = Callable[[str], None]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -28,40 +55,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     raise UserError(f"a vocabulary of {vocab_size} tokens does not fit in uint32 token files")
 
 
-def encode_char(tokenizer: tok.CharTokenizer, text: str) -> np.ndarray:
-    """Vectorised character encoding: code points through a lookup table (a Python loop is 50x slower)."""
-    codepoints = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    table = np.full(max(ord(c) for c in tokenizer.chars) + 1, -1, dtype=np.int64)
-    table[[ord(c) for c in tokenizer.chars]] = np.arange(tokenizer.vocab_size)
-    ids = table[np.minimum(codepoints, len(table) - 1)]
-    if (ids < 0).any() or (codepoints >= len(table)).any():
-        bad = text[int(np.argmax((ids < 0) | (codepoints >= len(table))))]
-        raise UserError(f"character {bad!r} is not in the character vocabulary")
-    return ids
-
-
-def split_documents(corpus: Corpus, val_fraction: float) -> tuple[str, str]:
-    """Train and validation text. Ten or more documents: every k-th whole document is held out
-    (k = round(1/val_fraction)); fewer: the last val_fraction of the concatenated text."""
-    if not 0.0 < val_fraction < 1.0:
-        raise UserError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
-    docs = [text for _, text in corpus.documents]
-    k = max(2, round(1 / val_fraction))
-    if len(docs) >= k:
-        val = "".join(t for i, t in enumerate(docs) if i % k == k - 1)
-        train = "".join(t for i, t in enumerate(docs) if i % k != k - 1)
-        return train, val
-    text = "".join(docs)
-    cut = int(len(text) * (1 - val_fraction))
-    return text[:cut], text[cut:]
-
-
-def encode(tokenizer: tok.Tokenizer, text: str) -> np.ndarray:
-    if isinstance(tokenizer, tok.CharTokenizer):
-        return encode_char(tokenizer, text)
-    return np.asarray(tokenizer.encode(text), dtype=np.int64)
-
-
 def read_meta(data_dir: Path) -> dict[str, Any] | None:
     path = data_dir / "meta.json"
     if not path.exists():
@@ -69,62 +62,196 @@ def read_meta(data_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is unreadable ({err})", hint=f"delete {data_dir} and run again to re-prepare") from None
+        raise UserError(f"{path} is unreadable ({err})",
+                        hint=f"delete {data_dir} and run again to re-prepare") from None
 
 
-def prepare(cfg: DataConfig, force: bool = False, log=print) -> Path:
+def check_version(meta: dict[str, Any], data_dir: Path) -> None:
+    """Refuse data in another format (version 1: train.bin/val.bin, documents not separated)."""
+    if meta.get("version") != FORMAT_VERSION:
+        raise UserError(f"{data_dir} holds data prepared in format version {meta.get('version')}, "
+                        f"this framework reads version {FORMAT_VERSION} (sharded, documents separated)",
+                        hint="re-prepare it: add data.rebuild=true (or force=true to scripts/prepare.py)")
+
+
+def settings(cfg: DataConfig) -> dict[str, Any]:
+    """The preparation choices, beside the corpus itself, that the prepared tokens depend on."""
+    return {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction,
+            "document_end": "<|endoftext|>" if cfg.tokenizer == "gpt2" else "none"}
+
+
+def up_to_date(meta: dict[str, Any], data_dir: Path, source: Source, cfg: DataConfig) -> bool:
+    """True if ``meta`` describes this source and these settings; a UserError when it describes other data."""
+    check_version(meta, data_dir)
+    was = meta.get("source", {})
+    was_tokenizer = meta.get("tokenizer", {}).get("kind")
+    if was.get("fingerprint") == source.fingerprint() and was_tokenizer == cfg.tokenizer:
+        if was.get("settings") == settings(cfg):
+            return True
+        differ = ", ".join(f"data.{k}={was.get('settings', {}).get(k)}, not {v}"
+                           for k, v in settings(cfg).items() if was.get("settings", {}).get(k) != v)
+        raise UserError(f"{data_dir} was prepared with {differ}",
+                        hint="pass data.name=<another folder> to keep both, or data.rebuild=true to replace it")
+    changed = " (its files changed since)" if was.get("description") == source.description else ""
+    raise UserError(
+        f"{data_dir} was prepared from {was.get('description', 'another source')} with the {was_tokenizer} "
+        f"tokenizer, not from {source.description} with the {cfg.tokenizer} tokenizer{changed}",
+        hint="pass data.name=<another folder> to keep both, or data.rebuild=true to replace it",
+    )
+
+
+def load_source(cfg: DataConfig) -> Source:
+    """The documents of data.source, read lazily (nothing is fetched or opened until iteration)."""
+    if cfg.source == "stdlib":
+        return stdlib_source()
+    if cfg.source == "path":
+        return path_source(cfg)
+    if cfg.source == "files":
+        return format_source(cfg)
+    if cfg.source == "url":
+        return url_source(cfg.url, Path(cfg.root) / cfg.name)
+    if cfg.source == "hf":
+        return hf_source(cfg)
+    raise UserError(f"unknown data.source {cfg.source!r}", hint="use stdlib, path, files, url or hf")
+
+
+def prepare(cfg: DataConfig, force: bool = False, log: Log = print) -> Path:
     """Prepare the data set described by cfg unless an up-to-date copy exists; returns its folder.
 
-    Up to date means meta.json names the same tokenizer and the same source fingerprint. A folder
-    prepared from another source or tokenizer is refused unless force (or data.rebuild) is set, so
-    nothing prepared is silently replaced. The new files are written to a temporary folder that
-    replaces the old one only once complete: a failure midway leaves the old data as it was.
+    Up to date is decided from meta.json and the source's manifest (file sizes and modification times,
+    a dataset's name and revision), without reading the corpus. A folder prepared from another source
+    or tokenizer is refused unless force (or data.rebuild) is set, so nothing is silently replaced.
     """
     data_dir = Path(cfg.root) / cfg.name
-    corpus = load_corpus(cfg)
-    fingerprint = corpus.fingerprint()
+    source = load_source(cfg)
     meta = read_meta(data_dir)
-    if meta is not None and not (force or cfg.rebuild):
-        same_source = meta.get("source", {}).get("fingerprint") == fingerprint
-        same_tokenizer = meta.get("tokenizer", {}).get("kind") == cfg.tokenizer
-        if same_source and same_tokenizer and meta.get("version") == FORMAT_VERSION:
-            return data_dir
-        was = f"{meta.get('source', {}).get('description', 'another source')} with the {meta.get('tokenizer', {}).get('kind')} tokenizer"
-        raise UserError(
-            f"{data_dir} was prepared from {was}, not from {corpus.description} with the {cfg.tokenizer} tokenizer",
-            hint="pass data.name=<another folder> to keep both, or data.rebuild=true to replace it",
-        )
-    log(f"preparing {data_dir} from {corpus.description} with the {cfg.tokenizer} tokenizer")
-    train_text, val_text = split_documents(corpus, cfg.val_fraction)
-    tokenizer = tok.build(cfg.tokenizer, train_text + val_text)
-    dtype = token_dtype(tokenizer.vocab_size)
+    if meta is not None and not (force or cfg.rebuild) and up_to_date(meta, data_dir, source, cfg):
+        return data_dir
+    build(cfg, source, data_dir, log)
+    return data_dir
+
+
+def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log) -> None:
+    """Prepare into a staging folder (continuing an interrupted run of the same job), then commit it."""
     staging = data_dir.with_name(f".{cfg.name}.preparing")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    key = hashlib.sha256(json.dumps([FORMAT_VERSION, source.fingerprint(), settings(cfg), cfg.shard_tokens],
+                                    sort_keys=True).encode()).hexdigest()
+    resume = read_progress(staging, key)
+    if resume is None:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
     try:
-        counts = {}
-        for split, text in (("train", train_text), ("val", val_text)):
-            ids = encode(tokenizer, text)
-            atomic_write(staging / f"{split}.bin", ids.astype(dtype).tofile, what="prepared data")
-            counts[f"{split}_tokens"] = int(ids.size)
-        meta = {
-            "version": FORMAT_VERSION,
-            "tokenizer": tokenizer.to_meta(),
-            "dtype": dtype.name,
-            **counts,
-            "source": {"kind": cfg.source, "description": corpus.description, "fingerprint": fingerprint,
-                       "documents": len(corpus.documents)},
-        }
-        atomic_write(staging / "meta.json", lambda f: f.write(json.dumps(meta, indent=1, ensure_ascii=False).encode()),
-                     what="prepared data")
+        log(f"preparing {data_dir} from {source.description} with the {cfg.tokenizer} tokenizer")
+        tokenizer = make_tokenizer(cfg, source, log)
+        meta = encode_corpus(cfg, source, tokenizer, staging, key, resume, log)
+        commit(staging, data_dir, meta)
+    except BaseException:
+        if not (staging / PROGRESS_FILE).exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            log(f"preparation stopped; the shards completed so far are kept in {staging}: run again to continue")
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    splits = meta["splits"]
+    log(f"wrote {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} val tokens "
+        f"({meta['dtype']}, {sum(len(s['shards']) for s in splits.values())} shard files) to {data_dir}"
+        + (f"; skipped {meta['source']['empty_documents']:,} empty document(s)" if meta["source"]["empty_documents"]
+           else ""))
+
+
+def read_progress(staging: Path, key: str) -> dict[str, Any] | None:
+    """The checkpoint of an interrupted preparation of the same job, if one is in ``staging``."""
+    try:
+        progress = json.loads((staging / PROGRESS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return progress if progress.get("key") == key else None
+
+
+def make_tokenizer(cfg: DataConfig, source: Source, log: Log) -> tok.Tokenizer:
+    """The tokenizer; a character vocabulary takes one streaming pass over the corpus to collect its characters."""
+    if cfg.tokenizer != "char":
+        return tok.build(cfg.tokenizer)
+    chars: set[str] = set()
+    for text in source.documents():
+        chars.update(text)
+    return tok.CharTokenizer(sorted(chars))
+
+
+def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, staging: Path, key: str,
+                  resume: dict[str, Any] | None, log: Log) -> dict[str, Any]:
+    """Stream, split, encode and shard every document into ``staging``; the meta.json it ends with."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    writers = {s: ShardWriter(staging, s, dtype, cfg.shard_tokens, resume and resume["writers"][s]) for s in SPLITS}
+    stats = resume["stats"] if resume else {s: {"documents": 0, "bytes": 0} for s in SPLITS}
+    empty = resume["empty"] if resume else 0
+    start = resume["documents_read"] if resume else 0
+    if start:
+        log(f"continuing an interrupted preparation after {start:,} documents "
+            f"({sum(len(w.shards) for w in writers.values())} shard files done)")
+    encoder = make_encoder(tokenizer, cfg.num_proc or os.cpu_count() or 1)
+    progress = Progress(source.total, log, done=start)
+    batch: dict[str, tuple[list[str], list[bool]]] = {s: ([], []) for s in SPLITS}
+    size, index = 0, start - 1
+
+    def flush() -> None:
+        nonlocal size
+        done = tokens = 0
+        for split, (texts, ends) in batch.items():
+            if texts:
+                ids = encoder.encode(texts, ends)
+                writers[split].append(ids.astype(dtype))
+                stats[split]["bytes"] += sum(text_bytes(t) for t in texts)
+                stats[split]["documents"] += sum(ends)
+                done, tokens = done + sum(ends), tokens + ids.size
+            texts.clear(), ends.clear()
+        size = 0
+        progress.update(done, tokens)
+        if any(w.completed for w in writers.values()) and index + 1 >= every_kth(cfg.val_fraction):
+            save_progress(staging, {"key": key, "documents_read": index + 1, "empty": empty, "stats": stats,
+                                    "writers": {s: w.state() for s, w in writers.items()}})
+
+    for index, split, text, end in route(islice(source.documents(), start, None), cfg.val_fraction, start):
+        if not text:
+            empty += end
+            continue
+        batch[split][0].append(text)
+        batch[split][1].append(end)
+        size += len(text)
+        if size >= BATCH_CHARS or len(batch[split][0]) >= BATCH_DOCS:
+            flush()
+    flush()
+    progress.close()
+    if not stats["train"]["documents"] and not stats["val"]["documents"]:
+        raise UserError(f"{source.description} holds only empty files or documents",
+                        hint="point the data source at files with text in them")
+    splits = {}
+    for split, writer in writers.items():
+        shards = writer.finish()
+        splits[split] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards), **stats[split]}
+    return {"version": FORMAT_VERSION, "tokenizer": tokenizer.to_meta(), "dtype": dtype.name, "splits": splits,
+            "source": {"kind": source.kind, "description": source.description, "fingerprint": source.fingerprint(),
+                       "settings": settings(cfg), "documents": index + 1, "empty_documents": empty}}
+
+
+def save_progress(staging: Path, progress: dict[str, Any]) -> None:
+    blob = json.dumps(progress).encode()
+    atomic_write(staging / PROGRESS_FILE, lambda f: f.write(blob), what="preparation checkpoint", hint=WRITE_HINT)
+
+
+def commit(staging: Path, data_dir: Path, meta: dict[str, Any]) -> None:
+    """Move the finished shards into ``data_dir`` and write meta.json last: it marks the folder complete."""
+    blob = json.dumps(meta, indent=1, ensure_ascii=False).encode()
+    atomic_write(staging / "meta.json", lambda f: f.write(blob), what="prepared data", hint=WRITE_HINT)
+    files = [shard["file"] for split in meta["splits"].values() for shard in split["shards"]]
+    try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        (data_dir / "meta.json").unlink(missing_ok=True)
-        for name in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it marks the folder complete
+        (data_dir / "meta.json").unlink(missing_ok=True)  # incomplete from here until meta.json is back
+        for old in data_dir.glob("*.bin"):
+            if old.name not in files:
+                old.unlink()
+        for name in [*files, "meta.json"]:
             os.replace(staging / name, data_dir / name)
     except OSError as err:
         raise UserError(f"could not write prepared data to {data_dir}: {err.strerror or err}",
-                        hint="free disk space or choose another data.root") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    log(f"wrote {counts['train_tokens']:,} train and {counts['val_tokens']:,} val tokens ({dtype.name}) to {data_dir}")
-    return data_dir
+                        hint=WRITE_HINT) from None

@@ -1,17 +1,26 @@
-"""Where raw text comes from: the Python standard library, a user's files, or a URL downloaded once."""
+"""Where documents come from: the Python standard library, files (text, JSONL, parquet), a URL, Hugging Face datasets.
+
+A Source is cheap to build: it lists and stats files (or names a dataset) without reading any text, and its
+manifest (paths, sizes, modification times; a dataset's name, revision or on-disk fingerprint) decides whether
+prepared data is up to date. ``documents()`` then streams the text of every document, one at a time, in a
+fixed order, so preparation never holds the corpus in memory.
+"""
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
 import os
 import platform
 import sysconfig
 import urllib.request
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from gpt.data.config import DataConfig
+from gpt.data.formats import EXTRA_HINT, file_format, read_documents
 from gpt.errors import UserError
 
 # Standard-library folders left out: tests (large and repetitive) and third-party packages.
@@ -19,90 +28,117 @@ STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "
 
 
 @dataclass
-class Corpus:
-    documents: list[tuple[str, str]]  # (name, text), in a deterministic order
+class Source:
+    kind: str
     description: str
+    manifest: dict[str, Any]  # what identifies the corpus, learnt without reading it
+    read: Callable[[], Iterator[str]]  # the documents' text, in a fixed order; "" for an empty document
+    total: int | None = None  # the number of documents, where known before reading
+    notes: list[str] = field(default_factory=list)
 
     def fingerprint(self) -> str:
-        digest = hashlib.sha256()
-        for name, text in self.documents:
-            digest.update(name.encode() + b"\0" + text.encode("utf-8", "surrogatepass") + b"\0")
-        return digest.hexdigest()
+        """sha256 of the manifest: equal fingerprints mean the same corpus (by size and modification time)."""
+        return hashlib.sha256(json.dumps(self.manifest, sort_keys=True).encode()).hexdigest()
+
+    def documents(self) -> Iterator[str]:
+        return self.read()
 
 
-def stdlib_corpus() -> Corpus:
+def file_entries(files: list[Path], base: Path) -> list[list[Any]]:
+    """[relative path, size, mtime_ns] of each file: the manifest of a set of files."""
+    entries = []
+    for path in files:
+        stat = path.stat()
+        entries.append([str(path.relative_to(base)), stat.st_size, stat.st_mtime_ns])
+    return entries
+
+
+def files_source(files: list[Path], base: Path, kind: str, description: str, fmt: str, text_field: str,
+                 skip_binary: bool) -> Source:
+    """A Source reading each file in turn with its format's reader."""
+
+    def read() -> Iterator[str]:
+        for path in files:
+            yield from read_documents(path, file_format(path, fmt), text_field, skip_binary)
+
+    manifest = {"kind": kind, "root": str(base.resolve()), "files": file_entries(files, base)}
+    total = len(files) if all(file_format(p, fmt) == "text" for p in files) else None
+    return Source(kind, description, manifest, read, total)
+
+
+def stdlib_source() -> Source:
     """Every .py file of the running interpreter's standard library, tests excluded, sorted by path."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p for p in root.rglob("*.py") if not STDLIB_SKIP.intersection(p.relative_to(root).parts[:-1])
-    )
-    docs = [(str(p.relative_to(root)), read_text(p)) for p in files]
-    return Corpus(docs, f"Python {platform.python_version()} standard library at {root} ({len(docs)} files)")
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in STDLIB_SKIP]  # pruned: never walked
+        files.extend(Path(folder) / n for n in names if n.endswith(".py"))
+    files.sort()
+    description = f"Python {platform.python_version()} standard library at {root} ({len(files)} files)"
+    return files_source(files, root, "stdlib", description, "text", "text", skip_binary=False)
 
 
-def path_corpus(path: str | None) -> Corpus:
-    """A text file, or every non-hidden text file below a folder (sorted), as documents."""
+def list_files(path: str | None, option: str = "data.path") -> tuple[list[Path], Path]:
+    """The files named by ``path`` (a file, every non-hidden file below a folder, or a glob), sorted, and their base."""
     if not path:
-        raise UserError("data.path is not set", hint="pass data.path=<a text file or a folder of text files>")
+        raise UserError(f"{option} is not set", hint=f"pass {option}=<a file, a folder or a glob>")
+    if any(ch in path for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise UserError(f"{option} {path!r} matches no files", hint="check the pattern, relative to where you run")
+        return files, Path(os.path.commonpath([p.parent for p in files]))
     root = Path(path).expanduser()
     if not root.exists():
-        raise UserError(f"data.path {str(root)!r} does not exist", hint="check the path, relative to where you run")
+        raise UserError(f"{option} {str(root)!r} does not exist", hint="check the path, relative to where you run")
     if root.is_file():
-        files, base = [root], root.parent
-    else:
-        files = sorted(
-            p
-            for p in root.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-        )
-        base = root
-    docs = [(str(p.relative_to(base)), text) for p in files if (text := read_text(p, skip_binary=True)) is not None]
-    if not docs:
-        raise UserError(f"no text files found under data.path {str(root)!r}", hint="point it at .txt or other text files")
-    if not any(text for _, text in docs):
-        raise UserError(f"data.path {str(root)!r} holds only empty files", hint="point it at files with text in them")
-    return Corpus(docs, f"{root} ({len(docs)} file{'s' if len(docs) != 1 else ''})")
+        return [root], root.parent
+    files = sorted(p for p in root.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    return files, root
 
 
-def url_corpus(url: str | None, cache_dir: Path) -> Corpus:
-    """The text at ``url``, downloaded once into ``cache_dir/source.txt``."""
+def path_source(cfg: DataConfig) -> Source:
+    """source=path (data=text): text files only, one document each; binary files are skipped."""
+    files, base = list_files(cfg.path)
+    if not files:
+        raise UserError(f"no text files found under data.path {cfg.path!r}",
+                        hint="point it at .txt or other text files")
+    plural = "s" if len(files) != 1 else ""
+    return files_source(files, base, "path", f"{cfg.path} ({len(files)} file{plural})", "text", "text", True)
+
+
+def format_source(cfg: DataConfig) -> Source:
+    """source=files (data=files): text, JSONL or parquet files, by extension or as data.format says."""
+    files, base = list_files(cfg.path)
+    if not files:
+        raise UserError(f"no files found under data.path {cfg.path!r}", hint="point it at text, JSONL or parquet files")
+    formats = sorted({file_format(p, cfg.format) for p in files})
+    description = f"{cfg.path} ({len(files)} {'/'.join(formats)} file{'s' if len(files) != 1 else ''})"
+    source = files_source(files, base, "files", description, cfg.format, cfg.text_field, skip_binary=True)
+    source.manifest["format"], source.manifest["text_field"] = cfg.format, cfg.text_field
+    return source
+
+
+def url_source(url: str | None, cache_dir: Path) -> Source:
+    """The text at ``url``, downloaded once into ``cache_dir/source.txt``: one document."""
     if not url:
         raise UserError("data.url is not set", hint="pass data.url=<address of a text file>")
     target = cache_dir / "source.txt"
     if not target.exists():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".part")
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                out.write(response.read())
-        except OSError as err:
-            partial.unlink(missing_ok=True)
-            raise UserError(
-                f"could not download {url}: {err}",
-                hint="check the network, or download the file yourself and use data.source=path data.path=<file>",
-            ) from None
-        os.replace(partial, target)
-    text = read_text(target)
-    return Corpus([(url, text)], url)
+        download(url, target)
+    return files_source([target], cache_dir, "url", url, "text", "text", skip_binary=False)
 
 
-def read_text(path: Path, skip_binary: bool = False) -> str | None:
-    """UTF-8 text of a file; invalid bytes become U+FFFD with a warning. None for binary files if asked."""
-    data = path.read_bytes()
-    if skip_binary and b"\0" in data[:8192]:
-        return None
+def download(url: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".part")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        warnings.warn(f"{path}: bytes that are not UTF-8 were replaced by U+FFFD", stacklevel=2)
-        return data.decode("utf-8", errors="replace")
-
-
-def load_corpus(cfg: DataConfig) -> Corpus:
-    if cfg.source == "stdlib":
-        return stdlib_corpus()
-    if cfg.source == "path":
-        return path_corpus(cfg.path)
-    if cfg.source == "url":
-        return url_corpus(cfg.url, Path(cfg.root) / cfg.name)
-    raise UserError(f"unknown data.source {cfg.source!r}", hint="use stdlib, path or url")
+        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"could not download {url}: {err}",
+                        hint="check the network, or download the file yourself and use data=text data.path=<file>",
+                        ) from None
+    os.replace(partial, target)

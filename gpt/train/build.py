@@ -17,6 +17,7 @@ from gpt import pretrained
 from gpt.config import GPTConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
+from gpt.data.sampler import make_sampler
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.train import distributed
@@ -84,8 +85,9 @@ def check_fits(config: GPTConfig, batch_size: int, device: torch.device) -> None
             hint="a smaller model, or a smaller train.batch_size with a larger train.grad_accum")
 
 
-def initial_state(config: GPTConfig, run: RunConfig, precision: str, device: torch.device, ranks: Ranks) -> TrainState:
-    """The seeded model, AdamW, gradient scaler and data generator of step 0.
+def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision: str, device: torch.device,
+                  ranks: Ranks) -> TrainState:
+    """The seeded model, AdamW, gradient scaler and training sampler (data.sampling) of step 0.
 
     Initial weights are rank 0's (as DDP broadcasts them); dropout masks and other randomness differ by rank.
     """
@@ -97,7 +99,9 @@ def initial_state(config: GPTConfig, run: RunConfig, precision: str, device: tor
     np.random.seed(run.seed + ranks.rank)
     optimizer = make_optimizer(model, run.train, device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    return TrainState(model, optimizer, scaler, torch.Generator().manual_seed(run.seed))
+    sampler = make_sampler(run.data.sampling, data, run.train.batch_size, config.block_size, run.seed, ranks.rank,
+                           ranks.world_size)
+    return TrainState(model, optimizer, scaler, sampler)
 
 
 def compile_unavailable(device: torch.device) -> str | None:

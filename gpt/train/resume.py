@@ -85,7 +85,8 @@ def check_training_entries(state: dict[str, Any], path: Path) -> None:
                 if not isinstance(state.get(name), kind) or (kind is int and isinstance(state.get(name), bool))]
     if not problems:
         generator = state["data"].get("train_generator")
-        if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8:
+        random_sampler = state["data"].get("kind", "random") == "random"
+        if random_sampler and (not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8):
             problems.append("data.train_generator")
         for i, rng in enumerate(state["rng"]):
             if not isinstance(rng, dict) or any(not isinstance(rng.get(k), t) for k, t in RNG_TYPES.items()):

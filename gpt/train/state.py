@@ -1,6 +1,6 @@
 """The training state that a resumed run continues from, saving and loading itself.
 
-Model, optimizer, gradient scaler, counters, the data position (the generator that draws the training
+Model, optimizer, gradient scaler, counters, the data position (the sampler that draws the training
 windows) and every random generator of each process: restoring all of it makes a resumed run bitwise
 identical to an uninterrupted one on CPU. The Checkpointer writes it (ckpt.pt) and the best model
 (best.pt) from rank 0, with every rank taking part.
@@ -20,6 +20,7 @@ from torch import nn
 
 from gpt import checkpoint
 from gpt.config import GPTConfig
+from gpt.data.sampler import Sampler
 from gpt.errors import UserError
 from gpt.train import distributed
 from gpt.train.distributed import AbortRun, Ranks
@@ -55,11 +56,11 @@ class TrainState:
     """Model, optimizer, scaler, counters and data position of a run, as one thing to save and restore."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 data_generator: torch.Generator) -> None:
+                 sampler: Sampler) -> None:
         self.model = model  # the plain model (not compiled, not wrapped): its names are the checkpoint's
         self.optimizer = optimizer
         self.scaler = scaler
-        self.data_generator = data_generator  # draws the training windows: its state is the data position
+        self.sampler = sampler  # draws the training windows: its state is the data position
         self.step = 0  # optimizer steps done
         self.evaluated = False  # whether the evaluation at `step` is done (a resumed run does not repeat it)
         self.best_val_loss = math.inf
@@ -77,7 +78,7 @@ class TrainState:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "rng": rngs,
-            "data": {"train_generator": self.data_generator.get_state()},
+            "data": self.sampler.state_dict(),
             "world_size": len(rngs),
         }
 
@@ -87,7 +88,7 @@ class TrainState:
         self.optimizer.load_state_dict(payload["optimizer"])
         if payload["scaler"]:
             self.scaler.load_state_dict(payload["scaler"])
-        self.data_generator.set_state(payload["data"]["train_generator"])
+        self.sampler.load_state_dict(payload["data"])
         rngs = payload["rng"]
         if len(rngs) == ranks.world_size:
             set_rng_state(rngs[ranks.rank])

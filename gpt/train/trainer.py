@@ -104,7 +104,7 @@ class Trainer:
         resume_from = self._on_main(
             lambda: open_run_dir(run_dir, run.resume, self.config, tokenizer, self.run_config, lock, log))
         self.resumed = resume_from is not None
-        self.state = build.initial_state(self.config, run, precision, device, ranks)
+        self.state = build.initial_state(self.config, run, self.data, precision, device, ranks)
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
             log(f"resumed from {run_dir / checkpoint.LATEST} at step {self.state.step}")
@@ -231,13 +231,8 @@ class Trainer:
         return loss.detach().float()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's share of the next windows: every rank draws every slot, so the generator stays in step."""
-        block, mine = self.config.block_size, []
-        for slot in range(self.ranks.world_size):
-            starts = self.data.random_starts("train", self.cfg.batch_size, block, self.state.data_generator)
-            if slot == self.ranks.rank:
-                mine = starts
-        return self.data.windows("train", mine, block, self.device)
+        """This rank's windows of the next micro-batch, as the sampler hands them out (disjoint across ranks)."""
+        return self.data.windows("train", self.state.sampler.next(), self.config.block_size, self.device)
 
     def agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, signal_received: bool,
               lr: float) -> tuple[StepResult, bool]:

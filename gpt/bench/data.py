@@ -1,0 +1,127 @@
+"""Data preparation benchmark: throughput with 1 and N threads, peak memory, launch to first step, single-call baseline.
+
+Every measurement runs in a fresh process (peak resident memory from wait4's rusage), on a generated JSONL
+corpus of standard-library sources (one document per source file, cycled until the size is reached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpt.data.sources import stdlib_source
+
+ROOT = Path(__file__).resolve().parents[2]
+FILE_MB = 8  # size of each generated JSONL file
+
+PREPARE = """
+from gpt.data.config import DataConfig
+from gpt.data.prepare import prepare
+prepare(DataConfig(name={name!r}, source="files", path={path!r}, tokenizer="gpt2", root={root!r},
+                   num_proc={num_proc}, rebuild=True), log=lambda *_: None)
+"""
+
+BASELINE = """
+import json, pathlib, numpy as np, tiktoken
+from gpt.tokenizer import load_gpt2_encoding
+text = "".join(json.loads(line)["text"] for p in sorted(pathlib.Path({path!r}).glob("*.jsonl")) for line in open(p))
+ids = load_gpt2_encoding().encode_ordinary(text)
+np.asarray(ids, dtype=np.uint16).tofile({out!r})
+print(len(ids))
+"""
+
+
+def make_corpus(folder: Path, megabytes: int) -> int:
+    """Write ``megabytes`` MB of JSONL (standard-library files as documents) into ``folder``; its size in bytes."""
+    marker = folder / "SIZE"
+    if marker.exists() and int(marker.read_text()) >= megabytes * 10**6:
+        return int(marker.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    texts = [t for t in stdlib_source().documents() if t]
+    written, part, copy = 0, 0, 0
+    out = open(folder / f"part{part:04d}.jsonl", "w")
+    while written < megabytes * 10**6:
+        for text in texts:
+            doc = f"# copy {copy}\n{text}"
+            out.write(json.dumps({"text": doc}) + "\n")
+            written += len(doc.encode())
+            if written >= (part + 1) * FILE_MB * 10**6:
+                out.close()
+                part += 1
+                out = open(folder / f"part{part:04d}.jsonl", "w")
+            if written >= megabytes * 10**6:
+                break
+        copy += 1
+    out.close()
+    marker.write_text(str(written))
+    return written
+
+
+def run_child(code: list[str], marker: str | None = None) -> tuple[float, int, str]:
+    """Run a command in a fresh process: seconds until it printed a line starting with ``marker`` (or until it
+    ended), its own peak resident memory (bytes, from wait4) and its standard output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(code, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT, text=True)
+        lines, seen = [], None
+        for line in proc.stdout:
+            lines.append(line)
+            if seen is None and marker and line.startswith(marker):
+                seen = time.perf_counter() - start
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0 or (marker and seen is None):
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(code[:3])} failed: {err.read()[-2000:]}")
+    return seen or wall, usage.ru_maxrss * 1024, "".join(lines)
+
+
+def bench(sizes_mb: list[int], procs: list[int], work: Path, log=print) -> list[dict]:
+    """For each corpus size: preparation with each thread count, launch to first step, the baseline."""
+    rows = []
+    for mb in sizes_mb:
+        corpus = work / f"corpus_{mb}mb"
+        size = make_corpus(corpus, mb)
+        for n in procs:
+            name = f"bench_{mb}mb"
+            wall, rss, _ = run_child([sys.executable, "-c", PREPARE.format(
+                name=name, path=str(corpus), root=str(work / "data"), num_proc=n)])
+            meta = json.loads((work / "data" / name / "meta.json").read_text())
+            tokens = sum(s["tokens"] for s in meta["splits"].values())
+            rows.append(dict(corpus_mb=size / 1e6, what=f"prepare, {n} thread(s)", wall_s=wall, mb_s=size / 1e6 / wall,
+                             tokens_s=tokens / wall, peak_mib=rss / 2**20))
+            log(rows[-1])
+        wall, rss, _ = run_child([sys.executable, "scripts/train.py", "model=tiny", "device=cpu", "data=files",
+                                  f"data.path={corpus}", f"data.root={work / 'data'}", f"data.name=bench_{mb}mb",
+                                  "data.tokenizer=gpt2", "train.max_iters=1", "train.eval_iters=1",
+                                  "train.sample_tokens=0", "train.log_interval=1", f"out_dir={work / 'run'}"],
+                              marker="step 1/")
+        rows.append(dict(corpus_mb=size / 1e6, what="train.py: launch to the first step's log line",
+                         wall_s=wall, mb_s=None, tokens_s=None, peak_mib=rss / 2**20))
+        log(rows[-1])
+        shutil.rmtree(work / "run", ignore_errors=True)
+        baseline = BASELINE.format(path=str(corpus), out=str(work / "base.bin"))
+        wall, rss, out = run_child([sys.executable, "-c", baseline])
+        rows.append(dict(corpus_mb=size / 1e6, what="baseline: one encode_ordinary call", wall_s=wall,
+                         mb_s=size / 1e6 / wall, tokens_s=int(out) / wall, peak_mib=rss / 2**20))
+        log(rows[-1])
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| corpus MB | what | wall s | MB/s | tokens/s | peak RSS MiB |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        mb_s = f"{r['mb_s']:.2f}" if r["mb_s"] else "-"
+        tok_s = f"{r['tokens_s']:,.0f}" if r["tokens_s"] else "-"
+        lines.append(f"| {r['corpus_mb']:.0f} | {r['what']} | {r['wall_s']:.1f} | {mb_s} | {tok_s} "
+                     f"| {r['peak_mib']:.0f} |")
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""From documents to token ids: the train/validation split by whole documents, and batch encoders.
+
+The GPT-2 encoder ends every document with <|endoftext|> (id 50256) and encodes a batch of documents on
+``num_threads`` threads (tiktoken releases the GIL). The character encoder joins documents with nothing
+between them, as this framework always has (a character vocabulary has no end-of-text symbol), and maps
+code points through a lookup table.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from gpt import tokenizer as tok
+from gpt.errors import UserError
+
+
+def every_kth(val_fraction: float) -> int:
+    """k: every k-th document (k = round(1/val_fraction), at least 2) is held out for validation."""
+    return max(2, round(1 / val_fraction))
+
+
+def route(docs: Iterable[str], val_fraction: float, start: int = 0) -> Iterator[tuple[int, str, str, bool]]:
+    """(document index, split, text, ends the document) for every document or piece of one.
+
+    k or more documents: every k-th whole document goes to validation. Fewer (known once the stream ends
+    before k): the last val_fraction of the joined text, so one long file still gets a validation split;
+    a document cut there yields two pieces. ``start`` resumes the k-or-more case after that many documents.
+    """
+    k = every_kth(val_fraction)
+    docs = iter(docs)
+    head: list[str] = []
+    if start == 0:
+        for text in docs:
+            head.append(text)
+            if len(head) == k:
+                break
+        if len(head) < k:
+            yield from route_by_position(head, val_fraction)
+            return
+    for index, text in enumerate(chain(head, docs), start):
+        yield index, ("val" if index % k == k - 1 else "train"), text, True
+
+
+def route_by_position(docs: list[str], val_fraction: float) -> Iterator[tuple[int, str, str, bool]]:
+    """Fewer than k documents: the joined text is cut at (1 - val_fraction) of its characters."""
+    cut = int(sum(len(t) for t in docs) * (1 - val_fraction))
+    seen = 0
+    for index, text in enumerate(docs):
+        here = cut - seen  # where the cut falls within this document
+        seen += len(text)
+        if here >= len(text):
+            yield index, "train", text, True
+        elif here <= 0:
+            yield index, "val", text, True
+        else:
+            yield index, "train", text[:here], False
+            yield index, "val", text[here:], True
+
+
+class CharEncoder:
+    """Character ids through a code-point lookup table (a Python loop is 50x slower)."""
+
+    def __init__(self, tokenizer: tok.CharTokenizer) -> None:
+        codes = [ord(c) for c in tokenizer.chars]
+        self.table = np.full(max(codes, default=0) + 2, -1, dtype=np.int64)  # the last entry: any larger code
+        self.table[codes] = np.arange(tokenizer.vocab_size)
+
+    def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+        text = "".join(texts)
+        codepoints = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ids = self.table[np.minimum(codepoints, len(self.table) - 1)]
+        if (ids < 0).any():
+            bad = text[int(np.argmax(ids < 0))]
+            raise UserError(f"character {bad!r} is not in the character vocabulary")
+        return ids
+
+
+class GPT2Encoder:
+    """GPT-2 BPE of a batch of documents on several threads, <|endoftext|> after each document's end."""
+
+    def __init__(self, tokenizer: tok.GPT2Tokenizer, num_threads: int) -> None:
+        self.encoding, self.eot, self.num_threads = tokenizer.encoding, tokenizer.eot_token, num_threads
+
+    def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+        if self.num_threads > 1 and len(texts) > 1:
+            encoded = self.encoding.encode_ordinary_batch(texts, num_threads=self.num_threads)
+        else:
+            encoded = [self.encoding.encode_ordinary(t) for t in texts]
+        eot = [self.eot]
+        pieces = [piece for ids, end in zip(encoded, ends) for piece in ((ids, eot) if end else (ids,))]
+        count = sum(len(p) for p in pieces)
+        return np.fromiter(chain.from_iterable(pieces), dtype=np.int64, count=count)
+
+
+def make_encoder(tokenizer: tok.Tokenizer, num_threads: int) -> CharEncoder | GPT2Encoder:
+    if isinstance(tokenizer, tok.CharTokenizer):
+        return CharEncoder(tokenizer)
+    return GPT2Encoder(tokenizer, num_threads)
+
+
+def text_bytes(text: str) -> int:
+    """UTF-8 size of ``text`` (what bits-per-byte divides by)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
