@@ -107,7 +107,7 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
     with ctx:
         for token in stream(model, start, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                             top_p=cfg.top_p, generator=generator, stop_token=tokenizer.eot_token,
-                            kv_cache=cfg.kv_cache):
+                            kv_cache=cfg.kv_cache, vocab_limit=tokenizer.vocab_size):
             token = int(token)
             if token == tokenizer.eot_token or not text.add(token):
                 break

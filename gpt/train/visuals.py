@@ -34,7 +34,7 @@ def sample_text(model: GPT, data: TokenData, prompt: str | list[int], n: int, se
     start = torch.tensor([ids], device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with ctx:
-        out = model.generate(start, n, temperature=0.8, top_k=200, generator=gen)
+        out = model.generate(start, n, temperature=0.8, top_k=200, generator=gen, vocab_limit=data.tokenizer.vocab_size)
     return data.tokenizer.decode(out[0].tolist())
 
 
