@@ -26,18 +26,17 @@ def default_out(ckpt: str) -> Path:
 def main(cfg: DictConfig) -> None:
     from gpt import hf, pretrained
 
-    def export() -> str:
-        app: ExportApp = OmegaConf.to_object(cfg)
+    def export() -> None:
+        app: ExportApp = OmegaConf.to_object(cfg)  # validates format (ExportApp.__post_init__)
         out = Path(app.out).expanduser() if app.out else default_out(app.ckpt)
         hf.check_out_dir(out, app.overwrite)  # before loading weights: a refusal costs nothing
         config, state, tokenizer = pretrained.load_weights(app.ckpt)
         pretrained.export(state, config, tokenizer, out, format=app.format, overwrite=app.overwrite)
-        message = f"wrote {out} ({'Hugging Face GPT-2 layout' if app.format == 'hf' else 'native layout'})"
+        print(f"wrote {out} ({'Hugging Face GPT-2 layout' if app.format == 'hf' else 'native layout'})", flush=True)
         if app.push_to_hub:
-            message += f"\npushed to {hf.push_to_hub(out, app.push_to_hub, private=app.private)}"
-        return message
+            print(f"pushed to {hf.push_to_hub(out, app.push_to_hub, private=app.private)}")
 
-    print(report_user_errors(export))
+    report_user_errors(export)
 
 
 if __name__ == "__main__":
