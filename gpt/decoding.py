@@ -8,7 +8,7 @@ logits into a token is gpt.sampling's job; the model itself knows nothing of eit
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -73,6 +73,7 @@ def stream(
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
     kv_cache: bool = True,
+    vocab_limit: int | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next token of every prompt as a (B, 1) tensor, one step at a time.
 
@@ -81,6 +82,7 @@ def stream(
     last block_size // 2 remain (the window slides by half), the same with or without the cache and
     whatever the other rows do. With kv_cache the context is prefilled once and each step then feeds
     one token per row; after a slide the cache is rebuilt. Stops once every row produced stop_token.
+    vocab_limit: only ids below it are sampled (a vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
     """
     check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
@@ -100,7 +102,7 @@ def stream(
         else:  # decode: one new token per row against the cached keys
             positions = positions[:, -1:] + 1
             logits = decode_step(model, next_token, positions, cache)
-        next_token = sample_next(logits, temperature, top_k, top_p, generator)
+        next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
         for row, token in zip(rows, next_token.flatten().tolist()):
             row.append(token)
         yield next_token

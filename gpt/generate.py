@@ -69,7 +69,8 @@ def read_prompt(cfg: DictConfig) -> str:
             return sys.stdin.read()
         path = Path(cfg.prompt_file).expanduser()
         if not path.is_file():
-            raise UserError(f"prompt_file {str(path)!r} does not exist", hint="give a text file, or prompt_file=- for standard input")
+            raise UserError(f"prompt_file {str(path)!r} does not exist",
+                            hint="give a text file, or prompt_file=- for standard input")
         return path.read_text(encoding="utf-8", errors="replace")
     return unescape(cfg.prompt)
 
@@ -89,7 +90,7 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
     with ctx:
         for token in stream(model, start, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                             top_p=cfg.top_p, generator=generator, stop_token=tokenizer.eot_token,
-                            kv_cache=cfg.kv_cache):
+                            kv_cache=cfg.kv_cache, vocab_limit=tokenizer.vocab_size):
             token = int(token)
             if token == tokenizer.eot_token or not text.add(token):
                 break

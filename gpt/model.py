@@ -66,7 +66,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=self.dropout if self.training else 0.0)
+        dropout_p = self.dropout if self.training else 0.0
+        y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=dropout_p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
 

@@ -1,5 +1,6 @@
-"""Weights in and out: OpenAI's GPT-2 (Hugging Face layout) in, this project's safetensors export out and in,
-and load_model, which turns any of them (or a training checkpoint) into a model ready for inference."""
+"""Weights in and out: OpenAI's GPT-2 and any Hugging Face GPT-2 folder in; exports in the Hugging Face layout
+(transformers opens them) or this project's own (format=native), both read back losslessly; and load_model,
+which turns any of them (or a training checkpoint) into a model ready for inference. gpt.hf holds the layout."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpt import checkpoint
+from gpt import checkpoint, hf
 from gpt import tokenizer as tok
 from gpt.config import GPTConfig
 from gpt.errors import UserError
+from gpt.hf import CONV1D_SUFFIXES, GPT2_TOKENIZER  # noqa: F401  (re-exported: the names callers know)
 from gpt.model import GPT
-from gpt.tokenizer import GPT2_ENCODING
 
 GPT2_SIZES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
@@ -24,45 +25,22 @@ GPT2_SIZES = {
     "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
 }
-# OpenAI's GPT-2 stores these as Conv1D weights, (in, out): the transpose of nn.Linear's (out, in).
-CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-GPT2_TOKENIZER = {"kind": "gpt2", "vocab_size": 50257, "encoding": GPT2_ENCODING}
 EXPORT_FORMAT = "gpt-attention/1"
-
-
-def _safetensors():
-    try:
-        import safetensors.torch
-    except ImportError:
-        raise UserError("reading or writing .safetensors needs the safetensors package", hint="pip install safetensors") from None
-    return safetensors.torch
-
-
-def gpt2_state_dict(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A Hugging Face GPT-2 state dict in this project's names and layout (Conv1D transposed, head tied)."""
-    state = {}
-    for key, value in tensors.items():
-        name = key.removeprefix("transformer.")
-        if name.endswith((".attn.bias", ".attn.masked_bias")):  # causal-mask buffers, not weights
-            continue
-        if name == "lm_head.weight":
-            continue  # tied to wte
-        if name.endswith(CONV1D_SUFFIXES):
-            value = value.t()
-        state[f"transformer.{name}"] = value.contiguous()
-    state["lm_head.weight"] = state["transformer.wte.weight"]
-    return state
+FORMATS = ("hf", "native")  # export layouts: Hugging Face GPT-2 (the default), this project's own
+_safetensors = hf.safetensors_torch
+gpt2_state_dict = hf.from_hf_state  # a Hugging Face GPT-2 state dict in this project's names and layout
 
 
 def _gpt2_files(name: str, init_path: str | None) -> tuple[Path, Path | None]:
-    """The safetensors file and (optional) config.json for GPT-2 weights, local or fetched from the Hub."""
+    """The weights (a .safetensors file, or a folder holding one or a sharded index) and the optional config.json
+    of GPT-2 weights, local or fetched from the Hub."""
     if init_path:
         path = Path(init_path).expanduser()
         if path.is_dir():
-            weights = path / "model.safetensors"
-            if not weights.is_file():
-                raise UserError(f"no model.safetensors in {path}", hint="point init_path at a Hugging Face GPT-2 folder or a .safetensors file")
-            return weights, path / "config.json" if (path / "config.json").is_file() else None
+            if not ((path / hf.WEIGHTS).is_file() or (path / hf.INDEX).is_file()):
+                raise UserError(f"no model.safetensors (or {hf.INDEX}) in {path}",
+                                hint="point init_path at a Hugging Face GPT-2 folder or a .safetensors file")
+            return path, path / "config.json" if (path / "config.json").is_file() else None
         if path.is_file():
             return path, path.parent / "config.json" if (path.parent / "config.json").is_file() else None
         raise UserError(f"init_path {str(path)!r} does not exist")
@@ -89,48 +67,68 @@ def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") 
     if name not in GPT2_SIZES:
         raise UserError(f"unknown GPT-2 model {name!r}; valid: {', '.join(GPT2_SIZES)}")
     weights, config_file = _gpt2_files(name, init_path)
-    sizes: dict[str, Any] = {**GPT2_SIZES[name], "block_size": 1024, "vocab_size": 50257}
-    if config_file is not None:  # the checkpoint's own sizes win (a fine-tuned or smaller GPT-2)
-        hf = json.loads(config_file.read_text())
-        sizes = {"n_layer": hf["n_layer"], "n_head": hf["n_head"], "n_embd": hf["n_embd"],
-                 "block_size": hf.get("n_positions", 1024), "vocab_size": hf.get("vocab_size", 50257)}
-    config = GPTConfig(**sizes, bias=True, dropout=0.0, attention=attention)
-    return config, gpt2_state_dict(_safetensors().load_file(str(weights)))
+    # The checkpoint's own config.json wins (a fine-tuned or smaller GPT-2); it is checked field by field.
+    values: dict[str, Any] = {**GPT2_SIZES[name], "n_positions": 1024, "vocab_size": hf.GPT2_VOCAB}
+    if config_file is not None:
+        values = hf.read_json(config_file)
+        hf.check_importable(values, config_file.parent)  # before reading the weights
+    tensors = hf.read_tensors(weights) if weights.is_dir() else _safetensors().load_file(str(weights))
+    return hf.load_state(values, tensors, weights if weights.is_dir() else weights.parent, attention)
 
 
-def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out_dir: str | Path) -> Path:
-    """Write model.safetensors (this project's names; the tied head stored once) and config.json."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
-    _safetensors().save_file(tensors, str(out / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
-    meta = {"format": EXPORT_FORMAT, "model_config": config.to_dict(), "tokenizer": tokenizer}
-    (out / "config.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
+def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out_dir: str | Path,
+           format: str = "hf", overwrite: bool = False) -> Path:
+    """Write an export folder: format=hf, what transformers' GPT2LMHeadModel and AutoTokenizer open (model.safetensors,
+    config.json, generation_config.json, tokenizer files); format=native, this project's names and config.json.
+
+    Both read back losslessly (load_weights). An out_dir holding another export is refused unless overwrite.
+    """
+    if format not in FORMATS:
+        raise UserError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    out = Path(out_dir).expanduser()
+    hf.check_out_dir(out, overwrite)
+    if format == "native":
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+        meta = {"format": EXPORT_FORMAT, "model_config": config.to_dict(), "tokenizer": tokenizer}
+        hf.write_folder(out, tensors, {"format": EXPORT_FORMAT},
+                        {"config.json": json.dumps(meta, indent=1, ensure_ascii=False)})
+        return out
+    hf.check_representable(config)
+    tensors = hf.to_hf_state(state, config)
+    files = {**hf.tokenizer_files(tokenizer, config.block_size),
+             "generation_config.json": json.dumps(hf.generation_config(config, tokenizer), indent=1),
+             "config.json": json.dumps(hf.hf_config(config, tokenizer, tensors["transformer.wte.weight"].dtype,
+                                                    EXPORT_FORMAT), indent=1, ensure_ascii=False)}
+    hf.write_folder(out, tensors, {"format": "pt"}, files)  # transformers requires format "pt"
     return out
 
 
 def is_export(path: str | Path) -> bool:
+    """A folder written by export() in either layout (or any Hugging Face GPT-2 folder)."""
     path = Path(path)
-    return path.is_dir() and (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    return hf.is_folder(path) or (path.is_dir() and (path / hf.WEIGHTS).is_file() and (path / "config.json").is_file())
 
 
 def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
-    """A model written by export(): its GPTConfig, state dict (head re-tied) and tokenizer description."""
+    """A model written by export(), either layout: its GPTConfig, state dict (head re-tied), tokenizer description."""
     path = Path(path)
-    try:
-        meta = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"{path / 'config.json'} is unreadable ({err})") from None
+    if hf.is_folder(path):
+        return hf.load_folder(path)
+    meta = hf.read_json(path / "config.json")
     if meta.get("format") != EXPORT_FORMAT:
-        raise UserError(f"{path} is not a model exported by scripts/export.py", hint="for OpenAI's GPT-2 use init_from=gpt2 init_path=...")
-    state = _safetensors().load_file(str(path / "model.safetensors"))
+        raise UserError(f"{path} is not a model exported by scripts/export.py",
+                        hint="for OpenAI's GPT-2 use init_from=gpt2 init_path=...")
+    state = _safetensors().load_file(str(path / hf.WEIGHTS))
     state["lm_head.weight"] = state["transformer.wte.weight"]
-    return GPTConfig.from_dict(meta["model_config"]), state, meta["tokenizer"]
+    config = GPTConfig.from_dict(meta["model_config"])
+    hf.check_shapes(state, config, path)
+    return config, state, meta["tokenizer"]
 
 
 def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTConfig, dict, dict]:
     """GPTConfig, state dict and tokenizer description from any model source ``ckpt`` can name:
-    a run directory or .pt checkpoint, a folder written by scripts/export.py, or gpt2* (OpenAI's weights)."""
+    a run directory or .pt checkpoint, a folder written by scripts/export.py or any Hugging Face GPT-2 folder,
+    or gpt2* (OpenAI's weights)."""
     if str(ckpt) in GPT2_SIZES:
         config, state = load_gpt2(str(ckpt), init_path)
         return config, state, GPT2_TOKENIZER

@@ -70,8 +70,21 @@ class GenerateApp:
 
 @dataclass
 class ExportApp:
-    ckpt: str = MISSING  # a run directory or .pt file
+    ckpt: str = MISSING  # a run directory or .pt file, an exported folder, a Hugging Face GPT-2 folder
     out: Optional[str] = None  # default: <run directory>/export
+    format: str = "hf"  # hf: what transformers opens (GPT-2 layout) | native: this project's own (any model)
+    overwrite: bool = False  # replace an export already in out
+    push_to_hub: Optional[str] = None  # a Hub repository id (user/name): upload the export there (extra [hf])
+    private: bool = False  # with push_to_hub: create the repository private
+
+    def __post_init__(self) -> None:
+        from gpt.pretrained import FORMATS
+
+        if self.format not in FORMATS:
+            from gpt.errors import ConfigError
+
+            raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}",
+                              hint="format=native exports models GPT-2's layout cannot hold (rope, n_kv_head, window)")
 
 
 @dataclass

@@ -35,7 +35,7 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
+    def from_text(cls, text: str) -> CharTokenizer:
         return cls(sorted(set(text)))
 
     def encode(self, text: str) -> list[int]:

@@ -49,11 +49,11 @@ def attention_figure(maps: Tensor, labels: list[str], layer: int | None = None, 
     fig, axes = plt.subplots(len(layers), len(heads), figsize=(cell * len(heads) + 0.6, cell * len(layers) + 0.6),
                              squeeze=False)
     show_labels = single or len(labels) <= 24
-    for r, l in enumerate(layers):
+    for r, layer in enumerate(layers):
         for c, h in enumerate(heads):
             ax = axes[r][c]
-            ax.imshow(maps[l, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_title(f"layer {l}, head {h}", fontsize=9 if single else 6)
+            ax.imshow(maps[layer, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {layer}, head {h}", fontsize=9 if single else 6)
             ticks = range(len(labels))
             if show_labels:
                 ax.set_xticks(ticks, labels, rotation=90, fontsize=8 if single else 4, family="monospace")

@@ -11,9 +11,9 @@ register()
 
 @hydra.main(config_path="../configs", config_name="visualize_attention", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from gpt.decoding import prompt_ids
     from gpt.device import resolve_device
     from gpt.errors import UserError
-    from gpt.decoding import prompt_ids
     from gpt.generate import unescape
     from gpt.pretrained import load_model
     from gpt.visualize import save_attention_png

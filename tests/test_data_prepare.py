@@ -5,13 +5,12 @@ import json
 import numpy as np
 import pytest
 
+from conftest import needs_gpt2
 from gpt.data import prepare as prep
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.errors import ConfigError, UserError
-
-from conftest import needs_gpt2
 
 QUIET = dict(log=lambda *_: None)
 

@@ -3,13 +3,12 @@
 import pytest
 import torch
 
+from conftest import run_script
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.data.sampler import EpochSampler, RandomSampler, make_sampler
 from gpt.errors import UserError
-
-from conftest import run_script
 
 BLOCK = 16
 

@@ -5,12 +5,11 @@ import sys
 
 import pytest
 
+from conftest import needs_gpt2, run_script
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.errors import UserError
-
-from conftest import needs_gpt2, run_script
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -8,8 +8,8 @@ import torch
 
 from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig, pretrained
-from gpt.errors import UserError
 from gpt.decoding import generate
+from gpt.errors import UserError
 from gpt.generate import TextStream
 from gpt.pretrained import load_model
 from gpt.sampling import filter_logits, sample_next

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig
-from gpt.kv_cache import KVCache
 from gpt.decoding import generate, generate_batch
+from gpt.kv_cache import KVCache
 
 OPTIONS = {
     "gpt2": {},

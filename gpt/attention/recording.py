@@ -8,8 +8,8 @@ the kernel sees them). All kernels compute the same function, so the pictures ho
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn

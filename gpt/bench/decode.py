@@ -9,8 +9,8 @@ from omegaconf import DictConfig
 
 from gpt import GPT
 from gpt.bench.report import markdown_table, median_seconds
-from gpt.device import resolve_device
 from gpt.decoding import generate
+from gpt.device import resolve_device
 from gpt.pretrained import load_model
 from gpt.schema import model_config
 

@@ -47,7 +47,8 @@ class DataConfig:
             raise ConfigError(f"data.path must be given with data.source={self.source}",
                               hint="add data.path=<file, folder or glob of documents>")
         if self.source == "url" and not self.url:
-            raise ConfigError("data.url must be given with data.source=url", hint="add data.url=<address of a text file>")
+            raise ConfigError("data.url must be given with data.source=url",
+                              hint="add data.url=<address of a text file>")
         if self.source == "hf" and not self.dataset:
             raise ConfigError("data.dataset must be given with data.source=hf",
                               hint="add data.dataset=<hub name or a folder written by save_to_disk>")

@@ -8,8 +8,8 @@ code points through a lookup table.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from itertools import chain
-from typing import Iterable, Iterator
 
 import numpy as np
 

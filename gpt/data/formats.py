@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from gpt.errors import UserError
 

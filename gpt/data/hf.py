@@ -7,8 +7,9 @@ files' sizes and modification times.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpt.data.config import DataConfig
 from gpt.data.formats import import_datasets

@@ -62,13 +62,15 @@ class TokenData:
         self.meta = meta
         self.tokenizer = tok.from_meta(meta["tokenizer"])
         dtype = np.dtype(meta["dtype"])
-        self.splits = {split: TokenStream(self.dir, meta["splits"][split]["shards"], dtype) for split in ("train", "val")}
+        self.splits = {split: TokenStream(self.dir, meta["splits"][split]["shards"], dtype)
+                       for split in ("train", "val")}
 
     def check_block_size(self, block_size: int) -> None:
         for split, data in self.splits.items():
             if len(data) < block_size + 1:
                 raise UserError(
-                    f"the {split} split of {self.dir} has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}",
+                    f"the {split} split of {self.dir} has {len(data)} tokens, "
+                    f"fewer than block_size + 1 = {block_size + 1}",
                     hint="use more text or a smaller model.block_size",
                 )
 

@@ -20,9 +20,10 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,9 @@ from gpt import tokenizer as tok
 from gpt.checkpoint import atomic_write
 from gpt.data.config import DataConfig
 from gpt.data.encode import every_kth, make_encoder, route, text_bytes
+from gpt.data.hf import hf_source
 from gpt.data.progress import Progress
 from gpt.data.shards import ShardWriter
-from gpt.data.hf import hf_source
 from gpt.data.sources import Source, format_source, path_source, stdlib_source, url_source
 from gpt.errors import UserError
 
@@ -211,7 +212,8 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
             save_progress(staging, {"key": key, "documents_read": index + 1, "empty": empty, "stats": stats,
                                     "writers": {s: w.state() for s, w in writers.items()}})
 
-    for index, split, text, end in route(islice(source.documents(), start, None), cfg.val_fraction, start):
+    for index, split, text, end in route(  # noqa: B007 (index is read by the checkpoint closure above)
+            islice(source.documents(), start, None), cfg.val_fraction, start):
         if not text:
             empty += end
             continue

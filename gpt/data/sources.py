@@ -15,12 +15,13 @@ import os
 import platform
 import sysconfig
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gpt.data.config import DataConfig
-from gpt.data.formats import EXTRA_HINT, file_format, read_documents
+from gpt.data.formats import file_format, read_documents
 from gpt.errors import UserError
 
 # Standard-library folders left out: tests (large and repetitive) and third-party packages.

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from gpt.data.loader import TokenData
-from gpt.model import GPT
 from gpt.decoding import generate, prompt_ids
+from gpt.model import GPT
 from gpt.train.resume import flatten
 from gpt.visualize import attention_figure, attention_maps, token_labels
 
@@ -34,7 +34,8 @@ def sample_text(model: GPT, data: TokenData, prompt: str | list[int], n: int, se
     start = torch.tensor([ids], device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with ctx:
-        out = generate(model, start, n, temperature=0.8, top_k=200, generator=gen)
+        out = generate(model, start, n, temperature=0.8, top_k=200, generator=gen,
+                       vocab_limit=data.tokenizer.vocab_size)
     return data.tokenizer.decode(out[0].tolist())
 
 
