@@ -4,19 +4,48 @@ from __future__ import annotations
 
 import codecs
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Optional, TextIO
 
 import torch
-from omegaconf import DictConfig
 
 from gpt import tokenizer as tok
+from gpt.config import MISSING, AttentionConfig
 from gpt.decoding import prompt_ids, stream
-from gpt.device import autocast, resolve_device, resolve_precision
-from gpt.errors import UserError
+from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resolve_precision
+from gpt.errors import ConfigError, UserError, check_positive
 from gpt.model import GPT
 from gpt.pretrained import load_model
 from gpt.sampling import check_sampling
+
+
+@dataclass
+class GenerateConfig:
+    """scripts/generate.py's settings (configs/generate.yaml), checked as they are built."""
+
+    ckpt: str = MISSING  # a run directory (best.pt, else ckpt.pt), a .pt file, an exported folder, or gpt2*
+    init_path: Optional[str] = None  # with ckpt=gpt2*: a local Hugging Face GPT-2 folder or .safetensors file
+    prompt: str = ""  # empty: start from a newline (character models) or end-of-text (GPT-2 BPE)
+    prompt_file: Optional[str] = None  # read the prompt from a file; - for standard input
+    interactive: bool = False  # a prompt loop on standard input
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0: greedy
+    top_k: Optional[int] = 200
+    top_p: Optional[float] = None  # nucleus sampling, in (0, 1]
+    stop: list[str] = field(default_factory=list)  # stop before any of these strings
+    kv_cache: bool = True  # false: recompute the whole context at every step
+    num_samples: int = 1
+    seed: int = 1337
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    attention: Optional[AttentionConfig] = None  # None: the kernel the model was trained with
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+
+    def __post_init__(self) -> None:
+        check_positive(self, "max_new_tokens", "num_samples")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
 
 
 class TextStream:
@@ -62,7 +91,7 @@ def unescape(text: str) -> str:
     return text.replace("\\n", "\n").replace("\\t", "\t")
 
 
-def read_prompt(cfg: DictConfig) -> str:
+def read_prompt(cfg: GenerateConfig) -> str:
     """The prompt from prompt_file (a path, or - for standard input) or from prompt (\\n and \\t unescaped)."""
     if cfg.prompt_file is not None:
         if cfg.prompt_file == "-":
@@ -75,7 +104,7 @@ def read_prompt(cfg: DictConfig) -> str:
     return unescape(cfg.prompt)
 
 
-def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cfg: DictConfig,
+def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cfg: GenerateConfig,
               generator: torch.Generator, ctx) -> None:
     """Write the prompt and then one sample to ``out`` as it is produced."""
     device = next(model.parameters()).device
@@ -98,17 +127,12 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
     out.write("\n")
 
 
-def run(cfg: DictConfig) -> None:
-    """scripts/generate.py: check the settings, load the model, print num_samples samples (or a prompt loop)."""
-    if cfg.max_new_tokens <= 0:
-        raise UserError(f"max_new_tokens must be positive, got {cfg.max_new_tokens}")
-    if cfg.num_samples <= 0:
-        raise UserError(f"num_samples must be positive, got {cfg.num_samples}")
-    check_sampling(cfg.temperature, cfg.top_k, cfg.top_p)
+def run(cfg: GenerateConfig) -> None:
+    """scripts/generate.py: load the model, print num_samples samples (or a prompt loop)."""
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
-    attention = cfg.attention or {}
-    model, tokenizer = load_model(cfg.ckpt, device, attention.get("name"), attention.get("backend"), cfg.init_path)
+    kernel, backend = (cfg.attention.name, cfg.attention.backend) if cfg.attention else (None, None)
+    model, tokenizer = load_model(cfg.ckpt, device, kernel, backend, cfg.init_path)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:

@@ -13,9 +13,9 @@ from gpt.errors import ConfigError
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Refuse sampling settings that have no meaning, naming the setting."""
-    if temperature < 0:
+    if not temperature >= 0:  # NaN too
         raise ConfigError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and top_k <= 0:
+    if top_k is not None and not top_k > 0:
         raise ConfigError(f"top_k must be a positive integer or null, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")

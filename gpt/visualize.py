@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from gpt.attention.recording import record_attention
+from gpt.config import MISSING
+from gpt.device import DeviceConfig
+from gpt.errors import ConfigError, UserError
 from gpt.model import GPT
 from gpt.tokenizer import Tokenizer
+
+
+@dataclass
+class VisualizeConfig:
+    """scripts/visualize_attention.py's settings (configs/visualize_attention.yaml), checked as they are built."""
+
+    ckpt: str = MISSING  # a run directory, .pt file, exported folder, or gpt2* (with init_path)
+    init_path: Optional[str] = None
+    prompt: str = "def main():"  # \n and \t are unescaped, as in generate.py
+    layer: Optional[int] = None  # one layer only (None: every layer)
+    head: Optional[int] = None  # one head only; with layer: one enlarged map
+    out: str = "attention.png"
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("layer", "head"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be >= 0 (layers and heads count from 0), got {value}")
 
 
 @torch.no_grad()
@@ -84,3 +108,20 @@ def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: st
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def run(cfg: VisualizeConfig) -> Path:
+    """scripts/visualize_attention.py: load the model, draw the prompt's attention maps, return the picture's path."""
+    from gpt.decoding import prompt_ids
+    from gpt.device import resolve_device
+    from gpt.generate import unescape
+    from gpt.pretrained import load_model
+
+    model, tokenizer = load_model(cfg.ckpt, resolve_device(cfg.device.type), init_path=cfg.init_path)
+    ids = prompt_ids(tokenizer, unescape(cfg.prompt))
+    if len(ids) > model.config.block_size:
+        raise UserError(f"the prompt has {len(ids)} tokens, more than block_size {model.config.block_size}")
+    try:
+        return save_attention_png(model, tokenizer, ids, cfg.out, cfg.layer, cfg.head)
+    except ValueError as err:
+        raise UserError(str(err), hint="layers and heads count from 0") from None

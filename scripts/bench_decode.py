@@ -4,16 +4,16 @@ import hydra
 from omegaconf import DictConfig
 
 from gpt.cli import report_user_errors
-from gpt.schema import register
+from gpt.schema import register, typed
 
-register()
+register("bench_decode")
 
 
 @hydra.main(config_path="../configs", config_name="bench_decode", version_base=None)
 def main(cfg: DictConfig) -> None:
     from gpt.bench.decode import run
 
-    print(report_user_errors(lambda: run(cfg)))
+    print(report_user_errors(lambda: run(typed(cfg))))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 from gpt.cli import report_user_errors
 from gpt.schema import register, typed
 
-register()
+register("bench_train")
 
 
 @hydra.main(config_path="../configs", config_name="bench_train", version_base=None)

@@ -7,7 +7,7 @@ from gpt.cli import report_user_errors
 from gpt.data.prepare import prepare
 from gpt.schema import register, typed
 
-register()
+register("prepare")
 
 
 @hydra.main(config_path="../configs", config_name="prepare", version_base=None)

@@ -18,7 +18,7 @@ from gpt.errors import UserError
 from gpt.schema import register, typed
 from gpt.train.distributed import hydra_overrides_for_rank
 
-register()
+register("train")
 sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
 
 

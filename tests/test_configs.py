@@ -12,7 +12,7 @@ from gpt import GPT, attention
 from gpt.config import ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
-from gpt.schema import model_config, register, typed
+from gpt.schema import register, typed
 from gpt.train.config import RunConfig, TrainConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -96,17 +96,17 @@ def test_overrides_are_type_checked():
 def test_gpt2_family_has_published_sizes(name, params):
     cfg = compose_train(f"model={name}", "out_dir=x")
     with torch.device("meta"):
-        model = GPT(model_config(cfg.model, vocab_size=50257))
+        model = GPT(typed(cfg).model.build(50257))
     assert model.num_params(non_embedding=False) == params
 
 
 def test_attention_backend_and_architecture_options_reach_the_model_config():
     cfg = compose_train("attention=sdpa", "attention.backend=math", "model.n_kv_head=1", "model.window=8",
                         "model.pos_embedding=rope", "out_dir=x")
-    mcfg = model_config(cfg.model, vocab_size=100)
+    mcfg = typed(cfg).model.build(100)
     assert (mcfg.attention_backend, mcfg.n_kv_head, mcfg.window, mcfg.pos_embedding) == ("math", 1, 8, "rope")
-    assert model_config(compose_train("out_dir=x").model, vocab_size=100).attention_backend is None
+    assert typed(compose_train("out_dir=x")).model.build(100).attention_backend is None
     from gpt.errors import ConfigError
 
     with pytest.raises(ConfigError, match="attention.backend=flash is not a backend of attention=manual"):
-        model_config(compose_train("attention=manual", "attention.backend=flash", "out_dir=x").model, vocab_size=100)
+        typed(compose_train("attention=manual", "attention.backend=flash", "out_dir=x")).model.build(100)

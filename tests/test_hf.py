@@ -9,13 +9,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from conftest import needs_gpt2, run_script
 from gpt import GPT, GPTConfig, hf, pretrained
 from gpt.decoding import generate
 from gpt.errors import UserError
-from gpt.generate import sample_to
+from gpt.generate import GenerateConfig, sample_to
 from gpt.pretrained import load_model
 from gpt.tokenizer import CharTokenizer
 
@@ -181,7 +180,7 @@ def test_padded_vocabulary_never_generates_an_undecodable_id(tmp_path):
         assert out.max() < hf.GPT2_VOCAB
     out_dir = pretrained.export(model.state_dict(), config, hf.GPT2_TOKENIZER, tmp_path / "exp")
     loaded, tokenizer = load_model(out_dir)
-    cfg = OmegaConf.create(dict(max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, stop=[], kv_cache=True))
+    cfg = GenerateConfig(ckpt=str(out_dir), max_new_tokens=20, temperature=1.0, top_k=None)
     text = io.StringIO()  # the path scripts/generate.py takes: this used to end in a KeyError
     sample_to(text, loaded, tokenizer, "The", cfg, torch.Generator().manual_seed(0), torch.no_grad())
     assert text.getvalue().startswith("The")

@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Optional
 
 import torch
-from omegaconf import DictConfig
 
 from gpt import GPT
 from gpt.bench.report import markdown_table, median_seconds
+from gpt.config import AttentionConfig, ModelConfig
 from gpt.decoding import generate
-from gpt.device import resolve_device
+from gpt.device import DeviceConfig, resolve_device
+from gpt.errors import ConfigError, check_positive
 from gpt.pretrained import load_model
-from gpt.schema import model_config
 
 
-def run(cfg: DictConfig) -> str:
+@dataclass
+class BenchDecodeConfig:
+    """scripts/bench_decode.py's settings (configs/bench_decode.yaml), checked as they are built."""
+
+    ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)  # the kernel of the random-weight model
+    vocab_size: int = 256  # for random weights
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    new_tokens: int = 500
+    prompt_lens: list[int] = field(default_factory=lambda: [1, 64])
+    batch_size: int = 1
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats")
+        if not self.prompt_lens or any(n < 1 for n in self.prompt_lens):
+            raise ConfigError(f"prompt_lens must be positive token counts, got {self.prompt_lens}")
+
+
+def run(cfg: BenchDecodeConfig) -> str:
     """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return a markdown table."""
     device = resolve_device(cfg.device.type)
     if cfg.ckpt:
@@ -23,7 +45,7 @@ def run(cfg: DictConfig) -> str:
         source = cfg.ckpt
     else:
         torch.manual_seed(0)
-        model = GPT(model_config(cfg.model, cfg.vocab_size)).to(device).eval()
+        model = GPT(cfg.model.build(cfg.vocab_size)).to(device).eval()
         source = "random weights"
     mc = model.config
     header = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from gpt.errors import ConfigError
@@ -38,11 +38,11 @@ class DataConfig:
         if not self.name or "/" in self.name or "\\" in self.name or self.name in (".", ".."):
             raise ConfigError(f"data.name must be a plain folder name (no slashes), got {self.name!r}",
                               hint="put the parent folder in data.root")
-        for field, value, allowed in (("source", self.source, SOURCES), ("format", self.format, FORMATS),
+        for key, value, allowed in (("source", self.source, SOURCES), ("format", self.format, FORMATS),
                                       ("tokenizer", self.tokenizer, TOKENIZERS),
                                       ("sampling", self.sampling, SAMPLINGS)):
             if value not in allowed:
-                raise ConfigError(f"unknown data.{field} {value!r}", hint=f"use one of: {', '.join(allowed)}")
+                raise ConfigError(f"unknown data.{key} {value!r}", hint=f"use one of: {', '.join(allowed)}")
         if self.source in ("path", "files") and not self.path:
             raise ConfigError(f"data.path must be given with data.source={self.source}",
                               hint="add data.path=<file, folder or glob of documents>")
@@ -61,3 +61,11 @@ class DataConfig:
             raise ConfigError(f"data.shard_tokens must be positive, got {self.shard_tokens}")
         if not self.text_field:
             raise ConfigError("data.text_field is empty", hint="name the field that holds each document's text")
+
+
+@dataclass
+class PrepareConfig:
+    """scripts/prepare.py's settings (configs/prepare.yaml)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    force: bool = False  # prepare again even if an up-to-date copy exists
