@@ -157,3 +157,14 @@ def test_ranks_after_the_first_write_no_hydra_output(monkeypatch):
     ranks, device = distributed.setup(torch.device("cpu"))
     assert not ranks.enabled and ranks.is_main and distributed.gather("x", ranks) == ["x"]
     assert math.isclose(distributed.all_reduce_sum(torch.tensor(2.0), ranks).item(), 2.0)
+
+
+def test_throughput_leaves_out_the_first_step_unless_it_is_the_only_one():
+    from gpt.train.metrics import Throughput
+
+    meter = Throughput(tokens_per_step=100)
+    meter.step_done(10.0)  # compilation and warm-up
+    assert meter.run_rate() == 10.0  # a one-step run still reports its rate, not 0
+    meter.step_done(0.5)
+    meter.step_done(1.5)
+    assert meter.run_rate() == 100.0  # 200 tokens in 2 s: the first step left out

@@ -62,12 +62,13 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 class Throughput:
     """Tokens per second: between two log lines, and over the whole invocation but its first step
-    (compilation and warm-up would distort it)."""
+    (compilation and warm-up would distort it) unless that step is the only one."""
 
     def __init__(self, tokens_per_step: int) -> None:
         self.tokens_per_step = tokens_per_step
         self.steps = 0  # steps run by this invocation
         self.seconds = 0.0  # their time, the first step's left out
+        self.first_seconds = 0.0  # the first step's time
         self._window_start, self._window_steps = time.time(), 0
 
     def step_done(self, seconds: float) -> None:
@@ -75,6 +76,8 @@ class Throughput:
         self._window_steps += 1
         if self.steps > 1:
             self.seconds += seconds
+        else:
+            self.first_seconds = seconds
 
     def window_rate(self) -> float:
         """Tokens/s since the last call (or the last restart of the window), then start a new window."""
@@ -87,6 +90,8 @@ class Throughput:
         self._window_start, self._window_steps = time.time(), 0
 
     def run_rate(self) -> float:
+        if self.steps == 1 and self.first_seconds > 0:
+            return self.tokens_per_step / self.first_seconds
         return (self.steps - 1) * self.tokens_per_step / self.seconds if self.seconds > 0 else 0.0
 
     def eta_seconds(self, steps_left: int) -> float:
