@@ -18,6 +18,8 @@ from gpt.errors import ConfigError
 
 def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
     """Hydra's ``+key=value`` adds keys that no schema declares: refuse them, listing the valid ones."""
+    if node._is_none():  # an optional group left out (e.g. generate's attention: null)
+        return
     schema = OmegaConf.get_type(node)
     if dataclasses.is_dataclass(schema):
         known = [f.name for f in dataclasses.fields(schema)]

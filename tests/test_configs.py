@@ -12,6 +12,7 @@ from gpt import GPT, attention
 from gpt.config import ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
+from gpt.errors import ConfigError
 from gpt.schema import register, typed
 from gpt.train.config import RunConfig, TrainConfig
 
@@ -78,6 +79,25 @@ def test_generate_and_prepare_configs_compose():
         assert gen.attention.name == "manual"
         prep = compose(config_name="prepare", overrides=["data=text", "data.path=somewhere"])
         assert prep.data.source == "path"
+
+
+# every script's config, with what it must be given, and the dataclass it becomes
+SCRIPT_CONFIGS = {
+    "train": ([], "RunConfig"), "generate": (["ckpt=runs/x"], "GenerateConfig"),
+    "prepare": ([], "PrepareConfig"), "export": (["ckpt=runs/x"], "ExportConfig"),
+    "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
+    "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
+}
+
+
+def test_every_script_config_composes_into_its_typed_config():
+    assert sorted(SCRIPT_CONFIGS) == sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        for name, (overrides, cls) in SCRIPT_CONFIGS.items():
+            assert type(typed(compose(config_name=name, overrides=overrides))).__name__ == cls, name
+        for name in ("generate", "visualize_attention", "export"):
+            with pytest.raises(ConfigError, match="ckpt must be given"):
+                typed(compose(config_name=name))
 
 
 def test_overrides_are_type_checked():
