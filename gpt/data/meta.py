@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from gpt import tokenizer as tok
 from gpt.errors import UserError
 
 FORMAT_VERSION = 2
 SPLITS = ("train", "val")
-GPT2_VOCAB_SIZE = 50257  # tiktoken's r50k_base
-GPT2_ENCODING = "r50k_base"
 REBUILD_HINT = "the prepared data is damaged or was edited: re-prepare it with data.rebuild=true"
 SAMPLE_SLICES, SAMPLE_TOKENS = 8, 4096  # per shard: ids read to check the vocabulary (a few pages each)
 
@@ -86,25 +85,10 @@ def check_meta(meta: dict[str, Any], data_dir: Path) -> None:
 
 def check_tokenizer(entry: Any, fail) -> int:
     """The vocabulary size of a complete tokenizer entry (char: its characters; gpt2: r50k_base)."""
-    if not isinstance(entry, dict):
-        raise fail("the tokenizer entry is missing or not an object")
-    kind, vocab = entry.get("kind"), entry.get("vocab_size")
-    if kind == "char":
-        chars = entry.get("chars")
-        if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
-            raise fail("the char tokenizer's chars must be a non-empty list of single characters")
-        if len(set(chars)) != len(chars):
-            raise fail("the char tokenizer's chars repeat a character")
-        if vocab != len(chars):
-            raise fail(f"the tokenizer's vocab_size {vocab!r} differs from its {len(chars)} characters "
-                       "(the vocabulary was cut or edited)")
-    elif kind == "gpt2":
-        if vocab != GPT2_VOCAB_SIZE or entry.get("encoding") != GPT2_ENCODING:
-            raise fail(f"a gpt2 tokenizer has vocab_size {GPT2_VOCAB_SIZE} and encoding {GPT2_ENCODING}, "
-                       f"not {vocab!r} and {entry.get('encoding')!r}")
-    else:
-        raise fail(f"unknown tokenizer kind {kind!r} (char or gpt2)")
-    return vocab
+    problem = tok.description_problem(entry)
+    if problem:
+        raise fail(problem)
+    return entry["vocab_size"]
 
 
 def check_split(split: str, entry: dict[str, Any], vocab: int, fail) -> None:
