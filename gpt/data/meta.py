@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ FORMAT_VERSION = 2
 SPLITS = ("train", "val")
 REBUILD_HINT = "the prepared data is damaged or was edited: re-prepare it with data.rebuild=true"
 SAMPLE_SLICES, SAMPLE_TOKENS = 8, 4096  # per shard: ids read to check the vocabulary (a few pages each)
+
+Fail = Callable[[str], UserError]  # a problem -> the UserError naming meta.json that reports it
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -83,7 +86,7 @@ def check_meta(meta: dict[str, Any], data_dir: Path) -> None:
         check_split(split, splits[split], vocab, fail)
 
 
-def check_tokenizer(entry: Any, fail) -> int:
+def check_tokenizer(entry: Any, fail: Fail) -> int:
     """The vocabulary size of a complete tokenizer entry (char: its characters; gpt2: r50k_base)."""
     problem = tok.description_problem(entry)
     if problem:
@@ -91,7 +94,7 @@ def check_tokenizer(entry: Any, fail) -> int:
     return entry["vocab_size"]
 
 
-def check_split(split: str, entry: dict[str, Any], vocab: int, fail) -> None:
+def check_split(split: str, entry: dict[str, Any], vocab: int, fail: Fail) -> None:
     """One split's entry: shard names and counts, totals that add up, and its largest token id within ``vocab``."""
     shards = entry.get("shards")
     if not isinstance(shards, list) or not shards:
