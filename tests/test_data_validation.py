@@ -179,3 +179,20 @@ def test_an_interrupted_rebuild_says_what_it_kept_and_leaves_the_old_data(tmp_pa
     assert f"{out} is as it was" in str(err.value)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+
+
+def test_a_signal_during_the_final_renames_waits_for_them(tmp_path, monkeypatch):
+    cfg = DataConfig(name="s", source="path", path=str(corpus(tmp_path / "c")), root=str(tmp_path))
+    real = prep.commit
+
+    def commit_interrupted_halfway(staging, data_dir, meta):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the renames
+        real(staging, data_dir, meta)
+
+    monkeypatch.setattr(prep, "commit", commit_interrupted_halfway)
+    with pytest.raises(KeyboardInterrupt, match=f"preparation stopped \\(SIGINT\\) once complete: {tmp_path / 's'}"):
+        prepare(cfg, **QUIET)
+    monkeypatch.undo()
+    assert len(TokenData(tmp_path / "s").splits["val"]) > 0  # complete and valid
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "s"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -96,12 +96,17 @@ def sigterm_interrupts() -> Iterator[None]:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done (a few renames that must not be cut in half)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Ctrl-C and SIGTERM wait until the block is done (a few renames that must not be cut in half), then stop the
+    process as they would have: a KeyboardInterrupt raised after the block."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a signal that came meanwhile is delivered now
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise KeyboardInterrupt(signal.Signals(received[0]).name)

@@ -149,8 +149,9 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log) -> None:
             shutil.rmtree(staging, ignore_errors=True)
             committed = True
     except BaseException as err:
-        if committed:  # a signal delivered once the block above was done: nothing to undo
-            raise
+        if committed:  # a signal that came while the new data was put in place: it is complete
+            raise KeyboardInterrupt(f"preparation stopped ({err}) once complete: {data_dir} holds the new data") \
+                from None
         kept = read_progress(staging, key)
         if kept is None:
             shutil.rmtree(staging, ignore_errors=True)
