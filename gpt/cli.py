@@ -22,8 +22,8 @@ def report_user_errors(fn: Callable[[], T]) -> T:
     """
     try:
         return fn()
-    except KeyboardInterrupt:
-        print("\nerror: interrupted (Ctrl-C); files already written are as they were", file=sys.stderr)
+    except KeyboardInterrupt as err:  # raised with a message by writers that know what they kept (data preparation)
+        print(f"\nerror: {str(err) or 'interrupted (Ctrl-C); files already written are as they were'}", file=sys.stderr)
         sys.exit(130)
     except UserError as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

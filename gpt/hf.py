@@ -42,6 +42,16 @@ def safetensors_torch():
     return safetensors.torch
 
 
+def load_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of one .safetensors file; a truncated, empty or foreign file is a one-line UserError."""
+    st = safetensors_torch()
+    try:
+        return st.load_file(str(path))
+    except Exception as err:  # safetensors raises its own SafetensorError (and OSError) for unreadable files
+        raise UserError(f"{path} is not a readable .safetensors file ({str(err).splitlines()[0] if str(err) else ''})",
+                        hint="it may be truncated or not a weights file: copy or export it again") from None
+
+
 # --- export: this project's model -> GPT-2's layout -------------------------------------------------------------
 
 def check_representable(config: GPTConfig) -> None:
@@ -191,6 +201,10 @@ def is_folder(path: str | Path) -> bool:
 
 def check_importable(hf: dict[str, Any], source: Path) -> None:
     """Refuse a GPT-2 config.json whose architecture differs from this model's, naming the field."""
+    own = hf.get(META_KEY, {})
+    if not isinstance(own, dict) or any(not isinstance(own.get(k, {}), dict) for k in ("model_config", "tokenizer")):
+        raise UserError(f"{source / 'config.json'}: {META_KEY} must be an object whose model_config and tokenizer "
+                        "are objects", hint="the file was edited or damaged: export the model again")
     n_embd = hf.get("n_embd", 768)
     refused = {
         "model_type": (hf.get("model_type", "gpt2") != "gpt2", "only GPT-2 (model_type gpt2) imports"),
@@ -215,9 +229,8 @@ def check_importable(hf: dict[str, Any], source: Path) -> None:
 
 def read_tensors(folder: Path) -> dict[str, Tensor]:
     """All tensors of a folder: model.safetensors, or every shard that model.safetensors.index.json names."""
-    st = safetensors_torch()
     if (folder / WEIGHTS).is_file():
-        return st.load_file(str(folder / WEIGHTS))
+        return load_safetensors(folder / WEIGHTS)
     weight_map = read_json(folder / INDEX).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise UserError(f"{folder / INDEX} has no weight_map", hint="it should be the index transformers writes")
@@ -226,7 +239,7 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
         if not (folder / shard).is_file():
             raise UserError(f"shard {shard} named by {folder / INDEX} is missing",
                             hint="copy every shard of the checkpoint")
-        tensors.update(st.load_file(str(folder / shard)))
+        tensors.update(load_safetensors(folder / shard))
     missing = sorted(set(weight_map) - set(tensors))
     if missing:
         raise UserError(f"{folder / INDEX} names {missing[0]} but no shard holds it")

@@ -15,7 +15,7 @@ from torch import Tensor
 from gpt import checkpoint, hf
 from gpt import tokenizer as tok
 from gpt.config import GPTConfig
-from gpt.errors import UserError
+from gpt.errors import ConfigError, UserError
 from gpt.hf import CONV1D_SUFFIXES, GPT2_TOKENIZER  # noqa: F401  (re-exported: the names callers know)
 from gpt.model import GPT
 
@@ -72,7 +72,7 @@ def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") 
     if config_file is not None:
         values = hf.read_json(config_file)
         hf.check_importable(values, config_file.parent)  # before reading the weights
-    tensors = hf.read_tensors(weights) if weights.is_dir() else _safetensors().load_file(str(weights))
+    tensors = hf.read_tensors(weights) if weights.is_dir() else hf.load_safetensors(weights)
     return hf.load_state(values, tensors, weights if weights.is_dir() else weights.parent, attention)
 
 
@@ -118,7 +118,10 @@ def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
     if meta.get("format") != EXPORT_FORMAT:
         raise UserError(f"{path} is not a model exported by scripts/export.py",
                         hint="for OpenAI's GPT-2 use init_from=gpt2 init_path=...")
-    state = _safetensors().load_file(str(path / hf.WEIGHTS))
+    if not isinstance(meta.get("model_config"), dict) or not isinstance(meta.get("tokenizer"), dict):
+        raise UserError(f"{path / 'config.json'}: model_config and tokenizer must be objects",
+                        hint="the file was edited or damaged: export the model again")
+    state = hf.load_safetensors(path / hf.WEIGHTS)
     state["lm_head.weight"] = state["transformer.wte.weight"]
     config = GPTConfig.from_dict(meta["model_config"])
     hf.check_shapes(state, config, path)
@@ -128,13 +131,27 @@ def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
 def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTConfig, dict, dict]:
     """GPTConfig, state dict and tokenizer description from any model source ``ckpt`` can name:
     a run directory or .pt checkpoint, a folder written by scripts/export.py or any Hugging Face GPT-2 folder,
-    or gpt2* (OpenAI's weights)."""
-    if str(ckpt) in GPT2_SIZES:
-        config, state = load_gpt2(str(ckpt), init_path)
-        return config, state, GPT2_TOKENIZER
-    if is_export(ckpt):
-        return load_export(ckpt)
-    return checkpoint.read_model(checkpoint.load(checkpoint.resolve(ckpt)))
+    or gpt2* (OpenAI's weights). The tokenizer description is checked complete and within the model's vocabulary."""
+    try:
+        if str(ckpt) in GPT2_SIZES:
+            (config, state), tokenizer = load_gpt2(str(ckpt), init_path), GPT2_TOKENIZER
+        elif is_export(ckpt):
+            config, state, tokenizer = load_export(ckpt)
+        elif Path(ckpt).is_dir() and (Path(ckpt) / hf.WEIGHTS).is_file() and not (Path(ckpt) / "config.json").is_file():
+            raise UserError(f"{ckpt} holds {hf.WEIGHTS} but no config.json",
+                            hint="copy the export's config.json with it")
+        else:
+            path = checkpoint.resolve(ckpt)
+            config, state, tokenizer = checkpoint.read_model(checkpoint.load(path), path)
+    except ConfigError as err:  # a model config value the dataclass refuses: say which file holds it
+        raise UserError(f"{init_path or ckpt}: {err}",
+                        hint="the file is damaged or was not written by this framework") from None
+    problem = tok.description_problem(tokenizer)
+    if problem is None and tokenizer["vocab_size"] > config.vocab_size:
+        problem = f"its tokenizer has {tokenizer['vocab_size']} tokens, the model only {config.vocab_size}"
+    if problem:
+        raise UserError(f"{ckpt}: {problem}", hint="the file is damaged or was not written by this framework")
+    return config, state, tokenizer
 
 
 def load_model(

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 from gpt.errors import UserError
 
 GPT2_ENCODING = "r50k_base"  # tiktoken's name for GPT-2's byte-pair encoding (50257 tokens)
+GPT2_VOCAB_SIZE = 50257
 
 
 class Tokenizer(Protocol):
@@ -95,8 +96,34 @@ def load_gpt2_encoding():
         ) from None
 
 
+def description_problem(meta: Any) -> str | None:
+    """What is wrong with a tokenizer description (meta.json, checkpoint, export), or None if it is complete:
+    a known kind, a character vocabulary of distinct single characters whose vocab_size is its length."""
+    if not isinstance(meta, dict):
+        return "the tokenizer entry is missing or not an object"
+    kind, vocab = meta.get("kind"), meta.get("vocab_size")
+    if kind == "char":
+        chars = meta.get("chars")
+        if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            return "the char tokenizer's chars must be a non-empty list of single characters"
+        if len(set(chars)) != len(chars):
+            return "the char tokenizer's chars repeat a character"
+        if vocab != len(chars):
+            return f"the tokenizer's vocab_size {vocab!r} differs from its {len(chars)} characters (cut or edited)"
+    elif kind == "gpt2":
+        if vocab != GPT2_VOCAB_SIZE or meta.get("encoding", GPT2_ENCODING) != GPT2_ENCODING:
+            return (f"a gpt2 tokenizer has vocab_size {GPT2_VOCAB_SIZE} and encoding {GPT2_ENCODING}, "
+                    f"not {vocab!r} and {meta.get('encoding')!r}")
+    else:
+        return f"unknown tokenizer kind {kind!r} (char or gpt2)"
+    return None
+
+
 def from_meta(meta: dict[str, Any]) -> Tokenizer:
-    """Rebuild the tokenizer described by a meta.json / checkpoint entry."""
+    """Rebuild the tokenizer described by a meta.json / checkpoint entry (a UserError if it is incomplete)."""
+    problem = description_problem(meta)
+    if problem:
+        raise UserError(problem, hint="the file that holds it is damaged or was not written by this framework")
     kind = meta.get("kind")
     if kind == "char":
         return CharTokenizer(meta["chars"])

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from gpt import tokenizer as tok
-from gpt.data.prepare import check_version, read_meta
+from gpt.data.meta import open_meta
 from gpt.errors import UserError
 
 
@@ -22,11 +22,7 @@ class TokenStream:
 
     def __init__(self, folder: Path, shards: list[dict], dtype: np.dtype) -> None:
         self.maps = [np.memmap(folder / s["file"], dtype=dtype, mode="r") for s in shards if s["tokens"]]
-        sizes = [len(m) for m in self.maps]
-        for shard, size in zip([s for s in shards if s["tokens"]], sizes):
-            if size != shard["tokens"]:
-                raise UserError(f"{folder / shard['file']} holds {size} tokens, meta.json says {shard['tokens']}",
-                                hint="the prepared data is damaged: re-prepare it with data.rebuild=true")
+        sizes = [len(m) for m in self.maps]  # equal to the recorded counts: gpt.data.meta.check_shards
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])  # shard i starts at offsets[i]
         self.dtype = np.dtype(dtype)
 
@@ -55,11 +51,7 @@ class TokenData:
 
     def __init__(self, data_dir: str | Path) -> None:
         self.dir = Path(data_dir)
-        meta = read_meta(self.dir)
-        if meta is None:
-            raise UserError(f"no prepared data in {self.dir} (meta.json missing)", hint="run scripts/prepare.py first")
-        check_version(meta, self.dir)
-        self.meta = meta
+        self.meta = meta = open_meta(self.dir)  # schema, shard sizes and token ids checked (UserError)
         self.tokenizer = tok.from_meta(meta["tokenizer"])
         dtype = np.dtype(meta["dtype"])
         self.splits = {split: TokenStream(self.dir, meta["splits"][split]["shards"], dtype)

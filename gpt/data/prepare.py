@@ -4,12 +4,14 @@ Documents stream from the source (memory does not grow with the corpus), are spl
 validation by whole documents, encoded in batches on ``data.num_proc`` threads and appended to shards
 of ``data.shard_tokens`` tokens in a staging folder. A checkpoint after every completed shard lets an
 interrupted preparation continue from there; the finished folder replaces the old one only once complete.
+One process prepares a data set at a time (gpt.data.lock); gpt.data.meta checks a prepared folder when opened.
 
 meta.json (version 2)::
 
     {"version": 2, "tokenizer": {...}, "dtype": "uint16",
      "splits": {"train": {"shards": [{"file": "train_000000.bin", "tokens": N}, ...], "tokens": N,
-                          "bytes": <UTF-8 bytes of the text behind the split>, "documents": D},
+                          "bytes": <UTF-8 bytes of the text behind the split>, "documents": D,
+                          "max_token": <largest id, checked against the vocabulary when opened>},
                 "val": {...}},
      "source": {"kind", "description", "fingerprint", "settings", "documents", "empty_documents"}}
 """
@@ -25,80 +27,58 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gpt import tokenizer as tok
 from gpt.checkpoint import atomic_write
 from gpt.data.config import DataConfig
 from gpt.data.encode import every_kth, make_encoder, route, text_bytes
 from gpt.data.hf import hf_source
+from gpt.data.lock import preparation_lock, signals_deferred, sigterm_interrupts
+from gpt.data.meta import FORMAT_VERSION, SPLITS, check_meta, read_meta, token_dtype  # noqa: F401
 from gpt.data.progress import Progress
 from gpt.data.shards import ShardWriter
 from gpt.data.sources import Source, format_source, path_source, stdlib_source, url_source
 from gpt.errors import UserError
 
-FORMAT_VERSION = 2
-SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 BATCH_CHARS = 4_000_000  # text encoded per batch: enough documents to keep every thread busy
 BATCH_DOCS = 8192
 WRITE_HINT = "free disk space or choose another data.root"
+REPLACE_HINT = "pass data.name=<another folder> to keep both, or data.rebuild=true to replace it"
 
 Log = Callable[[str], None]
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned dtype that holds every token id: uint16 up to 65536 tokens, else uint32."""
-    if vocab_size <= np.iinfo(np.uint16).max + 1:
-        return np.dtype(np.uint16)
-    if vocab_size <= np.iinfo(np.uint32).max + 1:
-        return np.dtype(np.uint32)
-    raise UserError(f"a vocabulary of {vocab_size} tokens does not fit in uint32 token files")
-
-
-def read_meta(data_dir: Path) -> dict[str, Any] | None:
-    path = data_dir / "meta.json"
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is unreadable ({err})",
-                        hint=f"delete {data_dir} and run again to re-prepare") from None
-
-
-def check_version(meta: dict[str, Any], data_dir: Path) -> None:
-    """Refuse data in another format (version 1: train.bin/val.bin, documents not separated)."""
-    if meta.get("version") != FORMAT_VERSION:
-        raise UserError(f"{data_dir} holds data prepared in format version {meta.get('version')}, "
-                        f"this framework reads version {FORMAT_VERSION} (sharded, documents separated)",
-                        hint="re-prepare it: add data.rebuild=true (or force=true to scripts/prepare.py)")
-
-
 def settings(cfg: DataConfig) -> dict[str, Any]:
-    """The preparation choices, beside the corpus itself, that the prepared tokens depend on."""
-    return {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction,
-            "document_end": "<|endoftext|>" if cfg.tokenizer == "gpt2" else "none"}
+    """The preparation choices, beside the corpus itself, that the prepared files depend on."""
+    chosen = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction,
+              "document_end": "<|endoftext|>" if cfg.tokenizer == "gpt2" else "none", "shard_tokens": cfg.shard_tokens}
+    if cfg.source in ("files", "hf"):
+        chosen["text_field"] = cfg.text_field
+    if cfg.source == "files":
+        chosen["format"] = cfg.format
+    return chosen
 
 
 def up_to_date(meta: dict[str, Any], data_dir: Path, source: Source, cfg: DataConfig) -> bool:
-    """True if ``meta`` describes this source and these settings; a UserError when it describes other data."""
-    check_version(meta, data_dir)
+    """True if ``meta`` describes this source and these settings; a UserError when it describes other data.
+
+    A setting that a meta.json written before it was recorded lacks (shard_tokens) is not held against it.
+    """
+    check_meta(meta, data_dir)
     was = meta.get("source", {})
-    was_tokenizer = meta.get("tokenizer", {}).get("kind")
-    if was.get("fingerprint") == source.fingerprint() and was_tokenizer == cfg.tokenizer:
-        if was.get("settings") == settings(cfg):
-            return True
-        differ = ", ".join(f"data.{k}={was.get('settings', {}).get(k)}, not {v}"
-                           for k, v in settings(cfg).items() if was.get("settings", {}).get(k) != v)
-        raise UserError(f"{data_dir} was prepared with {differ}",
-                        hint="pass data.name=<another folder> to keep both, or data.rebuild=true to replace it")
-    changed = " (its files changed since)" if was.get("description") == source.description else ""
-    raise UserError(
-        f"{data_dir} was prepared from {was.get('description', 'another source')} with the {was_tokenizer} "
-        f"tokenizer, not from {source.description} with the {cfg.tokenizer} tokenizer{changed}",
-        hint="pass data.name=<another folder> to keep both, or data.rebuild=true to replace it",
-    )
+    was_settings, was_tokenizer = was.get("settings", {}), meta["tokenizer"]["kind"]
+    if was.get("description") != source.description or was_tokenizer != cfg.tokenizer:
+        raise UserError(f"{data_dir} was prepared from {was.get('description', 'another source')} with the "
+                        f"{was_tokenizer} tokenizer, not from {source.description} with the {cfg.tokenizer} tokenizer",
+                        hint=REPLACE_HINT)
+    differ = [f"data.{k}={was_settings[k]}, not {v}" for k, v in settings(cfg).items()
+              if k in was_settings and was_settings[k] != v]
+    if differ:
+        raise UserError(f"{data_dir} was prepared with {', '.join(differ)}", hint=REPLACE_HINT)
+    if was.get("fingerprint") != source.fingerprint():
+        raise UserError(f"{data_dir} was prepared from {source.description} as it was then, not from "
+                        f"{source.description} as it is now (its files changed since)", hint=REPLACE_HINT)
+    return True
 
 
 def load_source(cfg: DataConfig) -> Source:
@@ -120,20 +100,38 @@ def prepare(cfg: DataConfig, force: bool = False, log: Log = print) -> Path:
     """Prepare the data set described by cfg unless an up-to-date copy exists; returns its folder.
 
     Up to date is decided from meta.json and the source's manifest (file sizes and modification times,
-    a dataset's name and revision), without reading the corpus. A folder prepared from another source
-    or tokenizer is refused unless force (or data.rebuild) is set, so nothing is silently replaced.
+    a dataset's name and revision), without reading the corpus. A folder prepared from another source,
+    tokenizer or setting is refused unless force (or data.rebuild) is set, so nothing is silently replaced.
+    One process prepares a data set at a time: another one waits for it, then reuses its result.
     """
     data_dir = Path(cfg.root) / cfg.name
     source = load_source(cfg)
-    meta = read_meta(data_dir)
-    if meta is not None and not (force or cfg.rebuild) and up_to_date(meta, data_dir, source, cfg):
+    rebuild = force or cfg.rebuild
+    if not rebuild and is_prepared(data_dir, source, cfg):
         return data_dir
-    build(cfg, source, data_dir, log)
+    with preparation_lock(data_dir, log) as waited:
+        if (waited or not rebuild) and is_prepared(data_dir, source, cfg, quiet=rebuild):
+            return data_dir  # prepared meanwhile by the process this one waited for
+        with sigterm_interrupts():
+            build(cfg, source, data_dir, log)
     return data_dir
 
 
+def is_prepared(data_dir: Path, source: Source, cfg: DataConfig, quiet: bool = False) -> bool:
+    """Whether data_dir holds this data, up to date; a UserError if it holds other data (False instead if quiet)."""
+    try:
+        meta = read_meta(data_dir)
+        return meta is not None and up_to_date(meta, data_dir, source, cfg)
+    except UserError:
+        if quiet:
+            return False
+        raise
+
+
 def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log) -> None:
-    """Prepare into a staging folder (continuing an interrupted run of the same job), then commit it."""
+    """Prepare into a staging folder (continuing an interrupted run of the same job), then commit it.
+
+    Stopped by Ctrl-C or SIGTERM, it raises KeyboardInterrupt with one line saying what was kept."""
     staging = data_dir.with_name(f".{cfg.name}.preparing")
     key = hashlib.sha256(json.dumps([FORMAT_VERSION, source.fingerprint(), settings(cfg), cfg.shard_tokens],
                                     sort_keys=True).encode()).hexdigest()
@@ -141,18 +139,31 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log) -> None:
     if resume is None:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
+    committed = False
     try:
         log(f"preparing {data_dir} from {source.description} with the {cfg.tokenizer} tokenizer")
         tokenizer = make_tokenizer(cfg, source, log)
         meta = encode_corpus(cfg, source, tokenizer, staging, key, resume, log)
-        commit(staging, data_dir, meta)
-    except BaseException:
-        if not (staging / PROGRESS_FILE).exists():
+        with signals_deferred():  # a Ctrl-C now stops the process once the new data is complete in data_dir
+            commit(staging, data_dir, meta)
             shutil.rmtree(staging, ignore_errors=True)
-        else:
-            log(f"preparation stopped; the shards completed so far are kept in {staging}: run again to continue")
+            committed = True
+    except BaseException as err:
+        if committed:  # a signal that came while the new data was put in place: it is complete
+            raise KeyboardInterrupt(f"preparation stopped ({err}) once complete: {data_dir} holds the new data") \
+                from None
+        kept = read_progress(staging, key)
+        if kept is None:
+            shutil.rmtree(staging, ignore_errors=True)
+        what = (f"the {sum(len(w['shards']) for w in kept['writers'].values())} shard file(s) completed so far are "
+                f"kept in {staging}: run the same command again to continue from there" if kept
+                else "no shard was complete, nothing kept")
+        if isinstance(err, KeyboardInterrupt):
+            raise KeyboardInterrupt(f"preparation stopped ({str(err) or 'Ctrl-C'}); {what}; {data_dir} is as it was") \
+                from None
+        if kept:
+            log(f"preparation stopped; {what}")
         raise
-    shutil.rmtree(staging, ignore_errors=True)
     splits = meta["splits"]
     log(f"wrote {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} val tokens "
         f"({meta['dtype']}, {sum(len(s['shards']) for s in splits.values())} shard files) to {data_dir}"
@@ -230,7 +241,8 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
     splits = {}
     for split, writer in writers.items():
         shards = writer.finish()
-        splits[split] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards), **stats[split]}
+        splits[split] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards),
+                         "max_token": writer.max_token if writer.max_token >= 0 else None, **stats[split]}
     return {"version": FORMAT_VERSION, "tokenizer": tokenizer.to_meta(), "dtype": dtype.name, "splits": splits,
             "source": {"kind": source.kind, "description": source.description, "fingerprint": source.fingerprint(),
                        "settings": settings(cfg), "documents": index + 1, "empty_documents": empty}}

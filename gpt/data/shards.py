@@ -2,8 +2,8 @@
 
 A split's token stream is cut into files ``<split>_000000.bin``, ``<split>_000001.bin``, ... of exactly
 ``shard_tokens`` tokens (the last holds the rest); a document may continue from one shard into the next.
-``state()`` records the shards done and how far the open one got (after an fsync); a writer built from
-that state truncates the open shard back to it and carries on.
+``state()`` records the shards done, how far the open one got (after an fsync) and the largest id so far;
+a writer built from that state truncates the open shard back to it and carries on.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class ShardWriter:
         self.shards: list[dict[str, Any]] = list(state["shards"]) if state else []
         self.current = state["current"] if state else 0  # tokens already in the open shard
         self.completed = 0  # shards finished since the last state(), so the caller knows when to checkpoint
+        self.max_token = state.get("max_token", -1) if state else -1  # the largest id written (-1: none yet)
         path = self.path(len(self.shards))
         if state:  # drop whatever was written after the checkpoint
             with open(path, "ab") as f:
@@ -40,6 +41,8 @@ class ShardWriter:
 
     def append(self, ids: np.ndarray) -> None:
         """Write ``ids`` (already of this writer's dtype), starting a new shard whenever one fills."""
+        if ids.size:
+            self.max_token = max(self.max_token, int(ids.max()))
         while ids.size:
             room = self.shard_tokens - self.current
             ids[:room].tofile(self.file)
@@ -61,7 +64,7 @@ class ShardWriter:
         self.file.flush()
         os.fsync(self.file.fileno())
         self.completed = 0
-        return {"shards": list(self.shards), "current": self.current}
+        return {"shards": list(self.shards), "current": self.current, "max_token": self.max_token}
 
     def finish(self) -> list[dict[str, Any]]:
         """Close the open shard (dropped if empty, unless the split has no shard at all) and list every shard."""
