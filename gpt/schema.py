@@ -19,6 +19,7 @@ from gpt.config import MISSING, AttentionConfig, GPTConfig, ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError
+from gpt.evaluation.config import EvalConfig
 from gpt.train.config import RunConfig
 
 
@@ -33,7 +34,7 @@ def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
             raise ConfigError(f"unknown config key {where}{unknown[0]}; valid keys{of}: {', '.join(known)}",
                               hint="check the spelling; keys added with + must exist in the schema")
     for key, child in node.items_ex(resolve=False):
-        if isinstance(child, DictConfig):
+        if isinstance(child, DictConfig) and not child._is_none():  # an optional group left at null
             refuse_unknown_keys(child, f"{where}{key}.")
 
 
@@ -130,6 +131,7 @@ def register() -> None:
     cs.store(name="train_schema", node=RunConfig)
     cs.store(name="generate_schema", node=GenerateApp)
     cs.store(name="prepare_schema", node=PrepareApp)
+    cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="export_schema", node=ExportApp)
     cs.store(name="visualize_schema", node=VisualizeApp)
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
