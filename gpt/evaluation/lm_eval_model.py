@@ -91,21 +91,19 @@ class GPTAttentionLM(LM):
         until = [[u] if isinstance(u, str) else list(u or []) for u in (k.pop("until", None) for k in kwargs)]
         max_new = max(int(k.get("max_gen_toks", 256)) for k in kwargs)
         sample = kwargs[0].get("do_sample", False)
+        temperature = float(kwargs[0].get("temperature", 1.0)) if sample else 0.0  # 0: greedy
         prompts = [self.tokenizer.encode(context)[-self.block_size :] or [self.tokenizer.eot_token or 0]
                    for context, _ in batch]
         texts = [""] * len(batch)
         decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in batch]
-        done = [False] * len(batch)
+        done, eot = [False] * len(batch), self.tokenizer.eot_token
         with self.ctx:
-            for step, tokens in enumerate(stream(
-                    self.model, prompts, max_new, temperature=float(kwargs[0].get("temperature", 1.0)) if sample
-                    else 0.0, top_k=kwargs[0].get("top_k"), top_p=kwargs[0].get("top_p"), generator=self.generator,
-                    stop_token=self.tokenizer.eot_token, vocab_limit=self.tokenizer.vocab_size)):
+            steps = stream(self.model, prompts, max_new, temperature=temperature, top_k=kwargs[0].get("top_k"),
+                           top_p=kwargs[0].get("top_p"), generator=self.generator,
+                           stop_token=self.tokenizer.eot_token, vocab_limit=self.tokenizer.vocab_size)
+            for step, tokens in enumerate(steps):  # tokens (B, 1)
                 for row, token in enumerate(tokens.flatten().tolist()):
-                    if done[row] or step >= int(kwargs[row].get("max_gen_toks", 256)):
-                        done[row] = True
-                        continue
-                    if token == self.tokenizer.eot_token:
+                    if done[row] or step >= int(kwargs[row].get("max_gen_toks", 256)) or token == eot:
                         done[row] = True
                         continue
                     texts[row] += decoders[row].decode(self.tokenizer.token_bytes(token))
