@@ -26,12 +26,14 @@ from gpt.tokenizer import Tokenizer
 
 
 @contextlib.contextmanager
-def progress_bar(what: str) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
     """A progress callback (done, total) drawing a bar on stderr when it is a terminal."""
-    bar = tqdm(desc=what, unit="batch", disable=None, file=sys.stderr, leave=False, dynamic_ncols=True)
+    bar = tqdm(desc=what, unit=unit, disable=None, file=sys.stderr, leave=False, dynamic_ncols=True)
 
     def update(done: int, total: int) -> None:
-        bar.total = total
+        if bar.total != total:
+            bar.total = total
+            bar.refresh()
         bar.update(done - bar.n)
 
     try:
@@ -70,7 +72,7 @@ def run_heldout(cfg: EvalConfig, model: GPT, tokenizer: Tokenizer, device: torch
     tokens = data.splits[cfg.split]
     if cfg.limit is not None:  # exactly `limit` windows
         tokens = tokens[: (cfg.limit - 1) * stride + block + 1]
-    with progress_bar("held-out pass") as progress:
+    with progress_bar("held-out pass", "window") as progress:
         result = full_pass(model, tokens, tokenizer, block_size=block, batch_size=cfg.batch_size, stride=stride,
                            device=device, autocast=ctx, progress=progress)
     return {"task": "heldout", "data": str(data.dir), "split": cfg.split, **result.as_dict()}
@@ -80,7 +82,7 @@ def run_hellaswag(cfg: EvalConfig, model: GPT, tokenizer: Tokenizer, device: tor
     """HellaSwag scored as lm-evaluation-harness does (the first cfg.limit examples only, if given)."""
     path = hellaswag.locate(cfg.hellaswag.path, cfg.hellaswag.cache_dir)
     examples = hellaswag.read(path, cfg.limit)
-    with progress_bar("hellaswag") as progress:
+    with progress_bar("hellaswag", "choice") as progress:
         scores = hellaswag.evaluate(model, tokenizer, examples, batch_size=cfg.batch_size, device=device,
                                     autocast=ctx, progress=progress)
     return {"task": "hellaswag", "data": str(path), **scores}
