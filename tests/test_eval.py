@@ -84,6 +84,8 @@ def test_missing_inputs_are_named(prepared, tmp_path):
     no_data = save_run(tmp_path / "run", None, vocab(prepared))
     with pytest.raises(UserError, match="records no training data"):
         run(EvalConfig(ckpt=str(no_data), device=DeviceConfig("cpu")))
+    named = run(EvalConfig(ckpt=str(no_data), data=prepared, limit=1, device=DeviceConfig("cpu")))  # data=<name>
+    assert named["windows"] == 1 and named["data"] == str(Path(prepared.root) / prepared.name)
     with pytest.raises(UserError, match="meta.json missing"):
         run(EvalConfig(ckpt=str(no_data), data_dir=str(tmp_path), device=DeviceConfig("cpu")))
     with pytest.raises(UserError, match="folder of out="):

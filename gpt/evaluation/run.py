@@ -48,12 +48,14 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
     if out is not None and not out.parent.is_dir():  # before any work
         raise UserError(f"the folder of out={out} does not exist", hint="create it or write elsewhere")
     device = resolve_device(cfg.device.type)
-    ctx = autocast(device, resolve_precision(cfg.precision, device))
+    precision = resolve_precision(cfg.precision, device)
+    ctx = autocast(device, precision)
     model, tokenizer = load_model(cfg.ckpt, device, init_path=cfg.init_path)
     started = time.perf_counter()
     task = run_heldout if cfg.task == "heldout" else run_hellaswag
     results = {"ckpt": cfg.ckpt, **task(cfg, model, tokenizer, device, ctx),
-               "seconds": round(time.perf_counter() - started, 3), "device": str(device)}
+               "seconds": round(time.perf_counter() - started, 3), "device": str(device),
+               "precision": precision}
     print(table(results))
     if out is not None:
         text = json.dumps(results, indent=2) + "\n"
