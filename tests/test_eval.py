@@ -1,13 +1,14 @@
 """scripts/eval.py's body: the full pass on the data a run trained on, JSON results, one-line errors for bad input."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import run_script, write_corpus
+from conftest import needs_gpt2, run_script, write_corpus
 from gpt import checkpoint
 from gpt.config import GPTConfig
 from gpt.data.config import DataConfig
@@ -119,3 +120,17 @@ def test_the_script_prints_a_table_and_writes_json_or_one_error_line(prepared, t
     assert failed.returncode == 2 and failed.stderr.startswith(f"error: {bad}:1: missing field 'ctx_a'")
     assert "Traceback" not in failed.stderr
     assert np.isfinite(json.loads(out.read_text())["loss"])  # the earlier results are untouched
+
+
+@pytest.mark.parametrize("kind", ["char", pytest.param("gpt2", marks=needs_gpt2)])
+def test_bits_per_byte_counts_the_bytes_prepare_counted(kind, prepared, tmp_path):
+    """The scored targets' bytes are the split's text bytes (meta.json) less the first token's: end-of-text has none."""
+    data = DataConfig(name=f"text_{kind}", source="path", path=prepared.path, root=str(tmp_path), tokenizer=kind)
+    folder = prepare(data, log=lambda message: None)
+    tokens = TokenData(folder)
+    config = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=64, vocab_size=tokens.tokenizer.vocab_size)
+    model = GPT(config)
+    result = full_pass(model, tokens.splits["val"], tokens.tokenizer, block_size=64, batch_size=16)
+    first = int(tokens.splits["val"][0:1][0])
+    assert result.bytes + len(tokens.tokenizer.token_bytes(first)) == tokens.meta["splits"]["val"]["bytes"]
+    assert result.bpb == pytest.approx(result.loss * result.tokens / math.log(2) / result.bytes)
