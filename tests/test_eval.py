@@ -134,3 +134,23 @@ def test_bits_per_byte_counts_the_bytes_prepare_counted(kind, prepared, tmp_path
     first = int(tokens.splits["val"][0:1][0])
     assert result.bytes + len(tokens.tokenizer.token_bytes(first)) == tokens.meta["splits"]["val"]["bytes"]
     assert result.bpb == pytest.approx(result.loss * result.tokens / math.log(2) / result.bytes)
+
+
+def test_the_eval_config_composes_with_a_data_group_or_a_folder():
+    from hydra import compose, initialize_config_dir
+
+    from gpt.schema import register, typed
+
+    register()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
+        plain = typed(compose(config_name="eval", overrides=["ckpt=runs/x"]))
+        named = typed(compose(config_name="eval", overrides=["ckpt=runs/x", "data=stdlib_gpt2", "task=hellaswag",
+                                                             "hellaswag.path=hs.jsonl", "limit=5"]))
+        folder = typed(compose(config_name="eval", overrides=["ckpt=runs/x", "data_dir=prepared/here"]))
+        with pytest.raises(ConfigError, match="unknown config key bogus"):
+            typed(compose(config_name="eval", overrides=["ckpt=runs/x", "+bogus=1"]))
+        with pytest.raises(ConfigError, match="data and data_dir are both given"):
+            typed(compose(config_name="eval", overrides=["ckpt=runs/x", "data=stdlib_char", "data_dir=x"]))
+    assert isinstance(plain, EvalConfig) and plain.data is None and plain.task == "heldout" and plain.split == "val"
+    assert named.data.name == "stdlib_gpt2" and named.hellaswag.path == "hs.jsonl" and named.limit == 5
+    assert folder.data_dir == "prepared/here" and folder.data is None
