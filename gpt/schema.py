@@ -29,7 +29,7 @@ def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
             raise ConfigError(f"unknown config key {where}{unknown[0]}; valid keys{of}: {', '.join(known)}",
                               hint="check the spelling; keys added with + must exist in the schema")
     for key, child in node.items_ex(resolve=False):
-        if isinstance(child, DictConfig):
+        if isinstance(child, DictConfig) and not child._is_none():  # an optional group left at null
             refuse_unknown_keys(child, f"{where}{key}.")
 
 
@@ -52,6 +52,7 @@ SCHEMAS = {
     "prepare": "gpt.data.config:PrepareConfig",
     "export": "gpt.export:ExportConfig",
     "visualize": "gpt.visualize:VisualizeConfig",
+    "eval": "gpt.evaluation.config:EvalConfig",
     "bench_decode": "gpt.bench.decode:BenchDecodeConfig",
     "bench_attention": "gpt.bench.attention:BenchAttentionConfig",
     "bench_train": "gpt.bench.train:BenchTrainConfig",

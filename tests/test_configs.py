@@ -84,7 +84,8 @@ def test_generate_and_prepare_configs_compose():
 # every script's config, with what it must be given, and the dataclass it becomes
 SCRIPT_CONFIGS = {
     "train": ([], "RunConfig"), "generate": (["ckpt=runs/x"], "GenerateConfig"),
-    "prepare": ([], "PrepareConfig"), "export": (["ckpt=runs/x"], "ExportConfig"),
+    "prepare": ([], "PrepareConfig"), "eval": (["ckpt=runs/x"], "EvalConfig"),
+    "export": (["ckpt=runs/x"], "ExportConfig"),
     "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
 }

@@ -18,7 +18,7 @@ INFERENCE = [
     "gpt/pretrained.py", "gpt/export.py", "gpt/hf.py", "gpt/checkpoint.py", "gpt/tokenizer.py", "gpt/visualize.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt" / "attention").glob("*.py")),
 ]
-INFERENCE_SCRIPTS = ["scripts/generate.py", "scripts/export.py", "scripts/visualize_attention.py"]
+INFERENCE_SCRIPTS = ["scripts/generate.py", "scripts/export.py", "scripts/visualize_attention.py", "scripts/eval.py"]
 
 # In a fresh interpreter, for each file: forget every gpt module, run the file's gpt imports (those inside
 # functions too), and report which gpt.train modules came along.

@@ -3,6 +3,8 @@ refusals that protect a run, non-finite losses, TensorBoard contents, 2-process 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shlex
 import signal
@@ -226,9 +228,13 @@ def test_tensorboard_has_the_scalars_samples_attention_image_and_config(referenc
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()
-    assert {"train/loss", "val/loss", "lr", "grad_norm", "tokens_per_sec"} <= set(tags["scalars"])
+    assert {"train/loss", "val/loss", "val/ppl", "val/bpb", "lr", "grad_norm", "tokens_per_sec"} <= set(tags["scalars"])
     assert "mfu" not in tags["scalars"]
     assert [e.step for e in events.Scalars("val/loss")] == [0, 4, 8, 12]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    val_loss, ppl, bpb = (events.Scalars(tag)[-1].value for tag in ("val/loss", "val/ppl", "val/bpb"))
+    assert ppl == pytest.approx(math.exp(val_loss), rel=1e-5) and summary["final_val_ppl"] == pytest.approx(ppl)
+    assert bpb == pytest.approx(summary["final_val_bpb"]) and bpb == pytest.approx(val_loss / math.log(2))  # 1 B/char
     assert "attention/layer1" in tags["images"] and len(events.Images("attention/layer1")) == 4
     text_tags = set(tags["tensors"])
     assert {"samples/prompt0/text_summary", "samples/prompt1/text_summary", "config/text_summary"} <= text_tags
@@ -261,7 +267,7 @@ def test_multirun_gives_one_directory_per_job_and_a_table(sweep):
     assert (sweep_dir / "0" / "ckpt.pt").exists() and (sweep_dir / "1" / "ckpt.pt").exists()
     table = (sweep_dir / "summary.md").read_text()
     header = next(line for line in table.splitlines() if line.startswith("| run"))
-    for column in ("train loss", "val loss", "tokens/s", "peak memory", "wall time"):
+    for column in ("train loss", "val loss", "val ppl", "val bpb", "tokens/s", "peak memory", "wall time"):
         assert column in header
     assert "| 0   | attention=manual |" in table and "| 1   | attention=sdpa   |" in table
     assert "attention=manual" in result.stdout and f"tensorboard --logdir {sweep_dir}" in result.stdout

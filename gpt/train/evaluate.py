@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,3 +36,11 @@ def estimate_loss(model: nn.Module, data: TokenData, *, batches: int, batch_size
         losses[split] = (total[0] / total[1]).item()
     model.train()
     return losses
+
+
+def val_metrics(loss: float, split_meta: dict[str, Any]) -> dict[str, float | None]:
+    """Perplexity exp(loss) and bits per byte of a split's loss (nats per token), the latter estimated with the
+    split's own bytes per token from meta.json: loss / ln 2 * tokens / bytes (None when meta.json lacks them)."""
+    tokens, n_bytes = split_meta.get("tokens"), split_meta.get("bytes")
+    return {"ppl": math.exp(min(loss, 700.0)),
+            "bpb": loss / math.log(2) * tokens / n_bytes if tokens and n_bytes else None}

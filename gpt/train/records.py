@@ -41,6 +41,8 @@ class Summary:
     ckpt: Path
     interrupted: bool = False
     resume_command: str = ""
+    final_val_ppl: float | None = None  # exp(final_val_loss)
+    final_val_bpb: float | None = None  # final_val_loss in bits per UTF-8 byte (estimated from meta.json's counts)
 
 
 def record_config(run_dir: Path, config: dict[str, Any], overrides: list[str], resumed: bool) -> None:

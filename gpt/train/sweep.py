@@ -11,7 +11,7 @@ from hydra.experimental.callback import Callback
 
 from gpt.train.records import SUMMARY_FILE
 
-COLUMNS = ("run", "overrides", "train loss", "val loss", "tokens/s", "peak memory", "wall time")
+COLUMNS = ("run", "overrides", "train loss", "val loss", "val ppl", "val bpb", "tokens/s", "peak memory", "wall time")
 
 
 def _mib(n: int | None) -> str:
@@ -19,7 +19,11 @@ def _mib(n: int | None) -> str:
 
 
 def _loss(x: Any) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+    return _number(x, ".4f")
+
+
+def _number(x: Any, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -43,6 +47,8 @@ def table(rows: list[dict[str, Any]], common: set[str] | None = None) -> str:
             " ".join(o for o in r.get("overrides", []) if o not in common) or "-",
             _loss(r.get("final_train_loss")),
             _loss(r.get("final_val_loss")),
+            _number(r.get("final_val_ppl"), ".2f"),
+            _loss(r.get("final_val_bpb")),
             f"{r.get('tokens_per_sec', 0):,.0f}",
             _mib(r.get("peak_memory_bytes")),
             f"{r.get('wall_s', 0):.1f}s" + (" (interrupted)" if r.get("interrupted") else ""),

@@ -24,7 +24,7 @@ from gpt.errors import UserError
 from gpt.train import build, distributed, metrics, visuals
 from gpt.train.config import RunConfig
 from gpt.train.distributed import AbortRun, Ranks
-from gpt.train.evaluate import estimate_loss
+from gpt.train.evaluate import estimate_loss, val_metrics
 from gpt.train.optim import learning_rate
 from gpt.train.records import RunRecords, Summary
 from gpt.train.resume import open_run_dir, resume_command
@@ -179,11 +179,15 @@ class Trainer:
                            hint="lower train.learning_rate or raise train.warmup_iters, then resume=true")
         improved = losses["val"] < state.best_val_loss
         state.last_eval, state.best_val_loss, state.evaluated = losses, min(state.best_val_loss, losses["val"]), True
-        self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"]})
+        val = val_metrics(losses["val"], self.data.meta["splits"]["val"])
+        self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
+                                    "val/ppl": val["ppl"], "val/bpb": val["bpb"]})
         self.records.pictures(lambda writer: visuals.log_samples(
             writer, state.model, self.data, self.cfg.sample_tokens, self.run.seed, self.device, self.autocast, step))
         self.checkpointer.save(state, best=improved)
-        self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
+        self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+                         f"val ppl {val['ppl']:.2f}{bpb}")
         self.throughput.restart_window()
 
     def train_step(self, signals: SignalGuard) -> StepResult:
@@ -288,6 +292,7 @@ class Trainer:
             final_val_loss=state.last_eval.get("val", math.nan), tokens_per_sec=self.throughput.run_rate(),
             peak_memory_bytes=metrics.peak_memory_bytes(self.device), wall_s=time.time() - self.started,
             ckpt=self.checkpointer.latest, interrupted=interrupted_by is not None, resume_command=resume,
+            **self.final_val_metrics(),
         )
         self.records.close(summary, {"overrides": overrides, "attention": self.config.attention,
                                      "device": str(self.device), "precision": self.precision,
@@ -309,6 +314,13 @@ class Trainer:
             f"sample from it: python scripts/generate.py ckpt={self.run_dir}"
         )
         return summary
+
+    def final_val_metrics(self) -> dict[str, float | None]:
+        """final_val_ppl and final_val_bpb of the summary, from the last evaluation's val loss (None before one)."""
+        if "val" not in self.state.last_eval:
+            return {"final_val_ppl": None, "final_val_bpb": None}
+        val = val_metrics(self.state.last_eval["val"], self.data.meta["splits"]["val"])
+        return {"final_val_ppl": val["ppl"], "final_val_bpb": val["bpb"]}
 
 
 def _duration(seconds: float) -> str:

@@ -1,0 +1,54 @@
+"""EvalConfig: what scripts/eval.py scores (configs/eval.yaml); it checks its own values when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gpt.config import MISSING
+from gpt.data.config import DataConfig
+from gpt.device import PRECISIONS, DeviceConfig
+from gpt.errors import ConfigError, check_positive
+
+TASKS = ("heldout", "hellaswag")
+SPLITS = ("val", "train")
+
+
+@dataclass
+class HellaSwagConfig:
+    path: Optional[str] = None  # the validation JSONL; None: downloaded once into cache_dir
+    cache_dir: str = "~/.cache/gpt-attention"
+
+
+@dataclass
+class EvalConfig:
+    ckpt: str = MISSING  # a run folder, a checkpoint file, an export folder, or gpt2* (with init_path)
+    init_path: Optional[str] = None  # with ckpt=gpt2*: a local Hugging Face GPT-2 folder or .safetensors file
+    task: str = "heldout"  # heldout: a full pass over a split | hellaswag: the multiple-choice benchmark
+    data: Optional[DataConfig] = None  # data=<configs/data name>; None: the data the run was trained on
+    data_dir: Optional[str] = None  # or a prepared data folder (one holding meta.json)
+    split: str = "val"  # val | train
+    stride: Optional[int] = None  # heldout: window step (None: block_size, no overlap)
+    batch_size: int = 8  # windows (heldout) or choices (hellaswag) per forward pass
+    limit: Optional[int] = None  # score only the first N windows (heldout) or examples (hellaswag)
+    out: Optional[str] = None  # write the results to this JSON file as well
+    precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else fp32) | fp32 | bf16 | fp16
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    hellaswag: HellaSwagConfig = field(default_factory=HellaSwagConfig)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task {self.task!r}", hint=f"use one of: {', '.join(TASKS)}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"unknown split {self.split!r}", hint=f"use one of: {', '.join(SPLITS)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        check_positive(self, "batch_size")
+        check_positive(self, "stride", "limit", optional=True)
+        if self.out is not None and not self.out.endswith(".json"):
+            raise ConfigError(f"out must name a .json file, got {self.out!r}", hint="e.g. out=results/eval.json")
+        if self.data is not None and self.data_dir is not None:
+            raise ConfigError("data and data_dir are both given", hint="name the data one way: data=<name> or "
+                              "data_dir=<prepared folder>")
+        if self.init_path is not None and not self.ckpt.startswith("gpt2"):
+            raise ConfigError("init_path is given but ckpt is not gpt2*", hint="use ckpt=gpt2 init_path=<folder>")
