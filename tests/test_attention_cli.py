@@ -44,8 +44,9 @@ def test_a_declaration_that_lies_is_caught():
             raise ValueError("no dropout here")
         return attention.get("manual")(q, k, v, **kw)
 
-    attention.register("liar")(refuses_dropout)  # claims the whole contract, dropout included
-    attention.register("modest", options=("gqa", "mask", "dropout"))(attention.get("manual"))  # has a window too
+    attention.register("liar", options=registry.OPTIONS)(refuses_dropout)  # claims everything, dropout included
+    attention.register("modest", options=("gqa", "mask", "dropout", *registry.EXTENSIONS))(  # has a window too
+        attention.get("manual"))
     try:
         assert support.measure_row("liar", "cpu")["disagrees"] == ["declares dropout supported but measured 'no'"]
         assert support.measure_row("modest", "cpu")["disagrees"] == ["declares window unsupported but measured 'yes'"]
