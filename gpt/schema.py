@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from gpt.bench.arena import ArenaConfig
 from gpt.bench.attention import BenchAttentionConfig
 from gpt.bench.train import BenchTrainConfig
 from gpt.config import MISSING, AttentionConfig, GPTConfig, ModelConfig
@@ -135,3 +136,4 @@ def register() -> None:
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
     cs.store(name="bench_attention_schema", node=BenchAttentionConfig)
     cs.store(name="bench_train_schema", node=BenchTrainConfig)
+    cs.store(name="arena_schema", node=ArenaConfig)
