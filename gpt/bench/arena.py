@@ -80,6 +80,9 @@ class ArenaConfig:
     seed: int = 1337
     out_dir: str = "runs/arena"
 
+    def __post_init__(self) -> None:
+        variant_runs(self)  # every variant's model and training config, validated before anything runs
+
 
 def parse_variant(spec: str) -> dict[str, Any]:
     """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+``."""
@@ -118,7 +121,10 @@ def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
         overrides = parse_variant(spec)
         if "attention" in overrides:
             overrides.setdefault("attention_backend", None)  # a backend belongs to the base kernel
-        model = ModelConfig(**{**base, **overrides})  # validates: a kernel that cannot run the variant is refused
+        try:  # ModelConfig validates: a kernel that cannot compute the variant is refused, naming the option
+            model = ModelConfig(**{**base, **overrides})
+        except ConfigError as err:
+            raise ConfigError(f"arena variant {spec!r}: {err}", hint=err.hint) from None
         steps = math.ceil(budget(cfg) / (cfg.train.batch_size * cfg.train.grad_accum * model.block_size))
         points = min(cfg.arena.curve_points, 4) if cfg.arena.quick else cfg.arena.curve_points
         train = replace(cfg.train, max_iters=steps, eval_interval=max(1, steps // points),
@@ -200,7 +206,7 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
                      device=device, autocast=autocast(device, resolve_precision(run.precision, device)))
     tokens_per_step = run.train.batch_size * run.train.grad_accum * model.config.block_size
     return {
-        "params": summary.params, "steps": summary.step, "tokens": summary.tokens,
+        "params": model.num_params(non_embedding=False), "steps": summary.step, "tokens": summary.tokens,
         "val_loss": held.loss, "val_bpb": held.bpb, "val_tokens": held.tokens,
         "tokens_per_s": summary.tokens_per_sec, "peak_mib": summary.peak_memory_bytes / 2**20,
         "kv_bytes_per_token": kv_bytes_per_token(model, device),
