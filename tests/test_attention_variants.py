@@ -157,3 +157,32 @@ def test_checkpoints_from_before_the_variants_load_and_resume_as_the_same_shape(
     assert GPTConfig(**TINY).shape_differences(old) == []
     assert GPTConfig(**TINY, qk_norm=True).shape_differences(old) == [
         "model.qk_norm is False in the checkpoint but True now"]
+
+
+def test_a_model_with_every_variant_trains_and_resumes_exactly(tmp_path, data_args):
+    """Four steps, a resume to eight, and eight straight: the same weights, bit for bit (sinks and gains included)."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import ROOT
+    from gpt import checkpoint
+    from gpt.schema import register, typed
+    from gpt.train.trainer import train
+
+    register()
+    variant = ["model=tiny", "model.qk_norm=true", "model.pos_embedding=alibi", "model.attn_sink=true",
+               "model.attn_softcap=5", "model.n_kv_head=1", "attention=manual", "device=cpu", "train.warmup_iters=0",
+               "train.lr_decay_iters=8", "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=4",
+               "train.sample_tokens=0", *data_args]
+
+    def run(out, steps, resume=False):
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+            cfg = compose(config_name="train", overrides=[*variant, f"train.max_iters={steps}", f"out_dir={out}",
+                                                          f"resume={str(resume).lower()}"])
+        train(typed(cfg), out, log=lambda message: None)
+        return checkpoint.load(out / checkpoint.LATEST)["model"]
+
+    run(tmp_path / "resumed", 4)
+    resumed, straight = run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    assert any(name.endswith("attn.sink") for name in straight)
+    for name, value in straight.items():
+        assert torch.equal(resumed[name], value), name
