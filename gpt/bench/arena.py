@@ -198,6 +198,8 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
 
     started = time.time()
     summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py")
+    if summary.interrupted:  # a stop signal (Ctrl-C): the arena stops too, with the rows it has
+        return {"error": f"interrupted at step {summary.step} (checkpoint saved)", "stop": True}
     device = resolve_device(run.device.type)
     model, tokenizer = load_model(summary.ckpt, device)
     data = TokenData(prepare(run.data, log=lambda message: None))
@@ -243,6 +245,8 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
                   else run_here(run_variant, kwargs))
         rows.append({"variant": name, "spec": cfg.arena.variants[i - 1], **result})
         log(f"    {describe(rows[-1])}")
+        if result.get("stop") and "interrupted" in result.get("error", ""):
+            break
     rows.sort(key=lambda r: r.get("val_bpb", math.inf))
     write_reports(cfg, rows, log)
     return rows
