@@ -248,7 +248,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
         if result.get("stop") and "interrupted" in result.get("error", ""):
             break
     rows.sort(key=lambda r: r.get("val_bpb", math.inf))
-    write_reports(cfg, rows, log)
+    write_reports(Path(cfg.out_dir), header(cfg, rows), rows, log)
     return rows
 
 
@@ -258,3 +258,15 @@ def describe(row: dict[str, Any]) -> str:
         return f"failed: {row['error']}"
     return (f"val loss {row['val_loss']:.4f}, {row['val_bpb']:.4f} bits/byte, {row['tokens_per_s']:,.0f} tok/s, "
             f"{row['train_s']:.0f} s")
+
+
+def header(cfg: ArenaConfig, rows: list[dict[str, Any]]) -> str:
+    """What every variant shared: model, data, budget, seed, batch."""
+    model = {**{k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "n_embd", "block_size")},
+             **(QUICK_MODEL if cfg.arena.quick else {})}
+    scored = next((r["val_tokens"] for r in rows if "val_tokens" in r), None)
+    return (f"Base model: {model['n_layer']} layers, {model['n_head']} heads, {model['n_embd']} wide, context "
+            f"{model['block_size']}; data {cfg.data.name}; seed {cfg.seed}; batch {cfg.train.batch_size} x "
+            f"{cfg.train.grad_accum}; budget {budget(cfg):,} training tokens per variant; held-out: "
+            + (f"{scored:,} val tokens scored" if scored else f"first {eval_tokens(cfg) or 'all'} val tokens")
+            + " (full pass, every target once).")

@@ -7,13 +7,10 @@ import csv
 import io
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpt.bench.report import markdown_table
 from gpt.checkpoint import atomic_write
-
-if TYPE_CHECKING:
-    from gpt.bench.arena import ArenaConfig
 
 COLUMNS = ["variant", "params", "val_loss", "val_bpb", "tokens", "tokens_per_s", "peak_mib", "kv_bytes_per_token",
            "decode_tok_s", "train_s", "val_tokens", "steps", "spec", "error"]
@@ -32,20 +29,6 @@ def leaderboard(rows: list[dict[str, Any]]) -> str:
                       f"{row['val_bpb']:.4f}", f"{row['tokens_per_s']:,.0f}", f"{row['peak_mib']:,.0f}",
                       f"{row['kv_bytes_per_token']:,.0f}", f"{row['decode_tok_s']:,.0f}"])
     return markdown_table(HEADERS, table)
-
-
-def header(cfg: ArenaConfig, rows: list[dict[str, Any]]) -> str:
-    """What every variant shared: model, data, budget, seed, batch."""
-    from gpt.bench.arena import QUICK_MODEL, budget, eval_tokens
-
-    model = {**{k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "n_embd", "block_size")},
-             **(QUICK_MODEL if cfg.arena.quick else {})}
-    scored = next((r["val_tokens"] for r in rows if "val_tokens" in r), None)
-    return (f"Base model: {model['n_layer']} layers, {model['n_head']} heads, {model['n_embd']} wide, context "
-            f"{model['block_size']}; data {cfg.data.name}; seed {cfg.seed}; batch {cfg.train.batch_size} x "
-            f"{cfg.train.grad_accum}; budget {budget(cfg):,} training tokens per variant; held-out: "
-            + (f"{scored:,} val tokens scored" if scored else f"first {eval_tokens(cfg) or 'all'} val tokens")
-            + " (full pass, every target once).")
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], what: str) -> None:
@@ -78,11 +61,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_reports(cfg: ArenaConfig, rows: list[dict[str, Any]], log: Callable[[str], None]) -> None:
-    """arena.md, arena.csv, arena_curves.csv and arena_loss.png in out_dir; the leaderboard on the console."""
-    out = Path(cfg.out_dir)
+def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], log: Callable[[str], None]) -> None:
+    """arena.md (heading, then the leaderboard), arena.csv, arena_curves.csv and arena_loss.png in ``out``;
+    the leaderboard on the console too."""
     out.mkdir(parents=True, exist_ok=True)
-    text = f"{header(cfg, rows)}\n\n{leaderboard(rows)}\n"
+    text = f"{heading}\n\n{leaderboard(rows)}\n"
     atomic_write(out / "arena.md", lambda f: f.write(text.encode()), what="the arena's leaderboard")
     write_csv(out / "arena.csv", COLUMNS, rows, "the arena's table")
     points = [{"variant": r["variant"], **p} for r in rows for p in r.get("curve") or []]
