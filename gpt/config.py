@@ -6,13 +6,15 @@ the attention group (AttentionConfig).
 
 from __future__ import annotations
 
+import math
+from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, Optional
 
 from gpt import attention
 from gpt.errors import ConfigError
 
-POS_EMBEDDINGS = ("learned", "rope")
+POS_EMBEDDINGS = ("learned", "rope", "alibi")
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
@@ -30,8 +32,11 @@ class GPTConfig:
     attention: str = "sdpa"
     n_kv_head: Optional[int] = None  # key/value heads: None = n_head (GPT-2); fewer = grouped-query; 1 = multi-query
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
-    pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, applied to q and k)
+    pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, on q and k) | alibi (score bias)
     attention_backend: Optional[str] = None  # attention=sdpa only: pin flash | efficient | math | cudnn
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys (learned gains) before the dot product
+    attn_softcap: Optional[float] = None  # Gemma 2: scores -> cap * tanh(scores / cap); None = no cap
+    attn_sink: bool = False  # a learned sink logit per head joins every softmax (the weight may go nowhere)
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew.
@@ -64,6 +69,7 @@ class GPTConfig:
                               f"got {self.pos_embedding!r}")
         if self.pos_embedding == "rope" and self.head_dim % 2 != 0:
             raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {self.head_dim}")
+        self._check_variants()
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
         if self.attention not in attention.available():
@@ -81,7 +87,29 @@ class GPTConfig:
             wanted["window"] = (f"model.window={self.window}", "model.window=null")
         if self.n_kv_head != self.n_head:
             wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
+        wanted.update(self._variant_options())
         attention.check_options(self.attention, wanted)
+
+    def _check_variants(self) -> None:
+        """The attention variants' own values (which kernels can compute them is checked with the others)."""
+        for name in ("qk_norm", "attn_sink"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+        cap = self.attn_softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
+            raise ConfigError(f"model.attn_softcap must be a positive number or null, got {cap!r}",
+                              hint="Gemma 2 uses 50.0; null turns the cap off")
+
+    def _variant_options(self) -> dict[str, tuple[str, str]]:
+        """The kernel options (registry EXTENSIONS) the score variants need: option -> (setting, fix)."""
+        wanted = {}
+        if self.attn_softcap is not None:
+            wanted["softcap"] = (f"model.attn_softcap={self.attn_softcap}", "model.attn_softcap=null")
+        if self.pos_embedding == "alibi":
+            wanted["bias"] = ("model.pos_embedding=alibi (a score bias)", "model.pos_embedding=rope")
+        if self.attn_sink:
+            wanted["sink"] = ("model.attn_sink=true", "model.attn_sink=false")
+        return wanted
 
     @property
     def head_dim(self) -> int:
@@ -97,6 +125,8 @@ class GPTConfig:
     def shape_differences(self, other: GPTConfig | dict[str, Any]) -> list[str]:
         """Fields (runtime ones aside) where ``other`` (e.g. a checkpoint's config) differs, as readable phrases."""
         mine, theirs, unset = self.to_dict(), other if isinstance(other, dict) else other.to_dict(), "(not set)"
+        # a checkpoint from before a field existed holds its default (e.g. qk_norm=False)
+        theirs = {**{f.name: f.default for f in fields(GPTConfig) if f.default is not NO_DEFAULT}, **theirs}
         keys = sorted((set(mine) | set(theirs)) - set(self.RUNTIME_FIELDS))
         return [f"model.{k} is {theirs.get(k, unset)!r} in the checkpoint but {mine.get(k, unset)!r} now"
                 for k in keys if theirs.get(k, unset) != mine.get(k, unset)]

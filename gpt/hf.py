@@ -57,10 +57,14 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
 def check_representable(config: GPTConfig) -> None:
     """Refuse, naming the option, a model GPT-2's architecture cannot hold (format=native can)."""
     options = {
-        "pos_embedding": (config.pos_embedding != "learned", "rotary embeddings (GPT-2 has a learned position table)"),
+        "pos_embedding": (config.pos_embedding != "learned",
+                          f"{config.pos_embedding} positions (GPT-2 has a learned position table)"),
         "n_kv_head": (config.n_kv_head != config.n_head,
                       "grouped-query attention (GPT-2 has one key/value head per head)"),
         "window": (config.window is not None, "a sliding attention window (GPT-2 attends to every earlier token)"),
+        "qk_norm": (config.qk_norm, "normalised queries and keys (QK-norm)"),
+        "attn_softcap": (config.attn_softcap is not None, "soft-capped attention scores"),
+        "attn_sink": (config.attn_sink, "a sink logit per attention head"),
     }
     for name, (unrepresentable, what) in options.items():
         if unrepresentable:

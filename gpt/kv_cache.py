@@ -90,3 +90,13 @@ class KVCache:
             return key_mask, self.window
         filled = min(start + n, self.size)
         return (self.key_mask[:, :filled] if self.padded else None), None
+
+    def key_index(self, n: int) -> Tensor:
+        """(Tk,) the sequence index of each key LayerKV.update returned for the n tokens step() just took, in its
+        order (ALiBi needs each key's distance): the prompt's own keys, or every filled slot (a ring's wrap)."""
+        device = self.key_mask.device
+        if self.length == n:  # the prompt: its own keys
+            return torch.arange(n, device=device)
+        last = self.length - 1
+        slots = torch.arange(min(self.length, self.size), device=device)
+        return last - (last - slots) % self.size  # slot s holds the latest index congruent to s (mod size)

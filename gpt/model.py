@@ -2,8 +2,9 @@
 
 Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights
 map one to one. The attention formula itself lives in gpt.attention; this file only shapes the tensors.
-Options beyond GPT-2 (config): fewer key/value heads (n_kv_head), a sliding window, and rotary position
-embeddings instead of the learned wpe table (pos_embedding=rope).
+Options beyond GPT-2 (config): fewer key/value heads (n_kv_head), a sliding window, rotary position
+embeddings or ALiBi score biases instead of the learned wpe table (pos_embedding=rope|alibi), and the
+attention variants QK-norm (qk_norm), logit soft-capping (attn_softcap) and a sink logit per head (attn_sink).
 The model knows nothing of training, devices or sampling strategy.
 """
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt import attention
+from gpt.attention.alibi import alibi_bias
 from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
 from gpt.kv_cache import KVCache, LayerKV
@@ -26,7 +28,8 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused q/k/v projection and a pluggable kernel.
 
     With n_kv_head < n_head (grouped-query attention) c_attn projects to fewer key/value heads:
-    (n_head + 2 * n_kv_head) * head_dim outputs. With pos_embedding=rope, q and k are rotated here.
+    (n_head + 2 * n_kv_head) * head_dim outputs. With pos_embedding=rope, q and k are rotated here; with
+    qk_norm they are first RMS-normalised per head. Soft-cap, ALiBi bias and sink go to the kernel's scores.
     """
 
     def __init__(self, config: GPTConfig) -> None:
@@ -40,6 +43,10 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kernel = attention.get(config.attention, config.attention_backend)
+        self.q_norm = nn.RMSNorm(config.head_dim, eps=1e-6) if config.qk_norm else None  # a gain per feature
+        self.k_norm = nn.RMSNorm(config.head_dim, eps=1e-6) if config.qk_norm else None
+        self.softcap = config.attn_softcap
+        self.sink = nn.Parameter(torch.zeros(config.n_head)) if config.attn_sink else None  # (nh,) logits
 
     def forward(
         self,
@@ -49,8 +56,10 @@ class CausalSelfAttention(nn.Module):
         window: int | None = None,
         cache: LayerKV | None = None,
         start: int = 0,
+        alibi: Tensor | None = None,
     ) -> Tensor:
-        """x (B, T, C) at positions start..; key_mask (B, Tk), True for real keys (False: left padding).
+        """x (B, T, C) at positions start..; key_mask (B, Tk), True for real keys (False: left padding);
+        alibi (nh, T, Tk) the score bias of pos_embedding=alibi.
 
         With a cache, the new keys are stored and the queries attend to what it returns (key_mask covers those).
         """
@@ -61,15 +70,29 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:  # QK-norm: every head's q and k to unit RMS over head_dim, times a gain
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
         mask = None if key_mask is None else key_mask[:, None, None, :]
         dropout_p = self.dropout if self.training else 0.0
-        y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=dropout_p)  # (B, nh, T, hs)
+        variants = self.score_variants(alibi)  # soft-cap, ALiBi bias, sink: only those in use
+        y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=dropout_p, **variants)  # (B,nh,T,hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def score_variants(self, alibi: Tensor | None) -> dict[str, Tensor | float]:
+        """The kernel keywords of the score variants in use: none for GPT-2, so any kernel can run it."""
+        variants: dict[str, Tensor | float] = {}
+        if self.softcap is not None:
+            variants["softcap"] = self.softcap
+        if alibi is not None:
+            variants["bias"] = alibi
+        if self.sink is not None:
+            variants["sink"] = self.sink
+        return variants
 
 
 class MLP(nn.Module):
@@ -104,8 +127,9 @@ class Block(nn.Module):
         window: int | None = None,
         cache: LayerKV | None = None,
         start: int = 0,
+        alibi: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), rope, key_mask, window, cache, start)
+        x = x + self.attn(self.ln_1(x), rope, key_mask, window, cache, start, alibi)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -117,7 +141,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
-        if config.pos_embedding == "learned":  # with rope, positions enter through q and k instead
+        if config.pos_embedding == "learned":  # with rope (q and k) or alibi (scores) positions enter elsewhere
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.transformer.drop = nn.Dropout(config.dropout)
         self.transformer.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
@@ -169,18 +193,21 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
             positions = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)
-        rope = None
+        rope = alibi = None
         if self.config.pos_embedding == "learned":
             x = x + self.transformer.wpe(positions)
-        else:
+        elif self.config.pos_embedding == "rope":
             cos, sin = rope_angles(positions, self.config.head_dim)  # computed once, used by every layer
             rope = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])  # (B, 1, T, D/2)
         window = self.config.window
         if cache is not None:  # the cache's bookkeeping, once for all layers: which keys are real, what window
             key_mask, window = cache.step(T, key_mask)
+        if self.config.pos_embedding == "alibi":  # distances in the sequence (left padding is masked anyway)
+            keys = cache.key_index(T) if cache is not None else torch.arange(T, device=idx.device)  # (Tk,)
+            alibi = alibi_bias(self.config.n_head, torch.arange(start, start + T, device=idx.device), keys)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, key_mask, window, cache.layers[i] if cache is not None else None, start)
+            x = block(x, rope, key_mask, window, cache.layers[i] if cache is not None else None, start, alibi)
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:

@@ -56,6 +56,7 @@ SCHEMAS = {
     "bench_decode": "gpt.bench.decode:BenchDecodeConfig",
     "bench_attention": "gpt.bench.attention:BenchAttentionConfig",
     "bench_train": "gpt.bench.train:BenchTrainConfig",
+    "arena": "gpt.bench.arena:ArenaConfig",
 }
 
 

@@ -19,6 +19,10 @@ def test_lists_every_kernel_with_what_runs_on_cpu(capsys):
         assert all(table[name][c] == "yes" for c in ("forward", "backward", "gqa", "window", "mask", "dropout")), name
     assert table["flex"]["forward"] == "yes" and table["flex"]["backward"] == "no" and table["flex"]["dropout"] == "no"
     assert "no backward: attention=flex has no backward pass on CPU" in out
+    for name in ("manual", "einsum", "heads"):  # the score variants: where the kernel forms the scores itself
+        assert all(table[name][c] == "yes" for c in ("softcap", "bias", "sink")), name
+    assert (table["sdpa"]["softcap"], table["sdpa"]["bias"], table["sdpa"]["sink"]) == ("no", "yes", "no")
+    assert "model.attn_softcap" in out and "model.pos_embedding=alibi" in out and "model.qk_norm" in out
     sdpa_backends = out.split("sdpa")[1].splitlines()[0]
     assert "math" in sdpa_backends and "efficient" not in sdpa_backends  # the efficient kernel is CUDA-only
 
@@ -44,8 +48,9 @@ def test_a_declaration_that_lies_is_caught():
             raise ValueError("no dropout here")
         return attention.get("manual")(q, k, v, **kw)
 
-    attention.register("liar")(refuses_dropout)  # claims the whole contract, dropout included
-    attention.register("modest", options=("gqa", "mask", "dropout"))(attention.get("manual"))  # has a window too
+    attention.register("liar", options=registry.OPTIONS)(refuses_dropout)  # claims everything, dropout included
+    attention.register("modest", options=("gqa", "mask", "dropout", *registry.EXTENSIONS))(  # has a window too
+        attention.get("manual"))
     try:
         assert support.measure_row("liar", "cpu")["disagrees"] == ["declares dropout supported but measured 'no'"]
         assert support.measure_row("modest", "cpu")["disagrees"] == ["declares window unsupported but measured 'yes'"]

@@ -142,8 +142,8 @@ def test_new_config_fields_are_validated_and_old_checkpoints_load():
         GPTConfig(**TINY, n_kv_head=3)
     with pytest.raises(ConfigError, match="model.window must be a positive integer"):
         GPTConfig(**TINY, window=0)
-    with pytest.raises(ConfigError, match="pos_embedding must be one of learned, rope"):
-        GPTConfig(**TINY, pos_embedding="alibi")
+    with pytest.raises(ConfigError, match="pos_embedding must be one of learned, rope, alibi"):
+        GPTConfig(**TINY, pos_embedding="sinusoidal")
     with pytest.raises(ConfigError, match="only attention=sdpa has backends"):
         GPTConfig(**TINY, attention="manual", attention_backend="flash")
     old = dict(TINY, dropout=0.0, bias=True, attention="sdpa")  # a checkpoint from before these fields

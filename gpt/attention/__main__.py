@@ -28,7 +28,10 @@ def main(argv: list[str] | None = None) -> None:
         for line in row["disagrees"]:
             print(f"    its registration {line} (fix the register(...) call)")
     print("\nforward/backward: inference / training; gqa: fewer key-value heads; window: sliding window;"
-          "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here.")
+          "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here."
+          "\nScore variants (model options that need them): softcap: logit soft-capping (model.attn_softcap);"
+          "\nbias: an additive score bias (model.pos_embedding=alibi); sink: a sink logit per head (model.attn_sink)."
+          "\nmodel.qk_norm (QK-norm) and model.pos_embedding=rope act on q and k before the kernel: any kernel.")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gpt.attention import scores as score_variants
 from gpt.attention.masks import combine, expand_kv, kv_group
-from gpt.attention.registry import register
+from gpt.attention.registry import CONTRACT, OPTIONS, register
 from gpt.errors import UserError
 
 
-@register("manual")
+@register("manual", options=OPTIONS)
 def manual(
     q: Tensor,
     k: Tensor,
@@ -31,15 +32,19 @@ def manual(
     dropout_p: float = 0.0,
     scale: float | None = None,
     window: int | None = None,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """Explicit scores, -inf where not allowed, softmax, dropout, weighted sum of the values."""
     k, v = expand_kv(q, k, v)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    scores = score_variants.modify(scores, softcap, bias)  # capped, biased (no-ops unless given)
     allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device, window)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = score_variants.softmax(scores, sink)
     if allowed is not None:
         # A row with nothing allowed is all NaN after softmax; zero it (and every masked entry).
         weights = weights.masked_fill(~allowed, 0.0)
@@ -48,7 +53,7 @@ def manual(
     return weights @ v
 
 
-@register("einsum")
+@register("einsum", options=OPTIONS)
 def einsum(
     q: Tensor,
     k: Tensor,
@@ -59,22 +64,25 @@ def einsum(
     dropout_p: float = 0.0,
     scale: float | None = None,
     window: int | None = None,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """The manual computation as torch.einsum index strings (b batch, h head, q query, k key, d feature)."""
     k, v = expand_kv(q, k, v)
     scale = q.size(-1) ** -0.5 if scale is None else scale
-    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    scores = score_variants.modify(torch.einsum("bhqd,bhkd->bhqk", q, k) * scale, softcap, bias)
     allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device, window)
     if allowed is not None:
         scores = torch.where(allowed, scores, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = score_variants.softmax(scores, sink)
     if allowed is not None:
         weights = torch.where(allowed, weights, 0.0)  # empty rows: NaN -> 0
     weights = F.dropout(weights, p=dropout_p, training=dropout_p > 0.0)
     return torch.einsum("bhqk,bhkd->bhqd", weights, v)
 
 
-@register("heads")
+@register("heads", options=OPTIONS)
 def heads(
     q: Tensor,
     k: Tensor,
@@ -85,6 +93,9 @@ def heads(
     dropout_p: float = 0.0,
     scale: float | None = None,
     window: int | None = None,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """One head at a time: single-head attention in a loop, the outputs stacked back into heads.
 
@@ -98,13 +109,16 @@ def heads(
     allowed = combine(t_q, t_k, causal, mask, q.device, window)
     if allowed is not None:
         allowed = allowed.expand(B, H, t_q, t_k)  # a view: lets us pick each head's mask
+    if bias is not None:
+        bias = bias.expand(B, H, t_q, t_k)  # the same for the bias
     outputs = []
     for h in range(H):
         q_h, k_h, v_h = q[:, h], k[:, h // group], v[:, h // group]  # (B, T, D) each
         scores = (q_h @ k_h.transpose(-2, -1)) * scale  # (B, Tq, Tk)
+        scores = score_variants.modify(scores, softcap, None if bias is None else bias[:, h])
         if allowed is not None:
             scores = scores.masked_fill(~allowed[:, h], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
+        weights = score_variants.softmax(scores, None if sink is None else sink[h : h + 1])
         if allowed is not None:
             weights = weights.masked_fill(~allowed[:, h], 0.0)
         if dropout_p > 0.0:
@@ -121,7 +135,7 @@ SDPA_BACKENDS = {
 }
 
 
-@register("sdpa", backends=tuple(SDPA_BACKENDS))
+@register("sdpa", backends=tuple(SDPA_BACKENDS), options=(*CONTRACT, "bias"))
 def sdpa(
     q: Tensor,
     k: Tensor,
@@ -132,15 +146,17 @@ def sdpa(
     dropout_p: float = 0.0,
     scale: float | None = None,
     window: int | None = None,
+    bias: Tensor | None = None,
     backend: str | None = None,
 ) -> Tensor:
     """torch's fused scaled_dot_product_attention: flash / memory-efficient / math kernels, chosen or pinned.
 
     ``backend`` pins one of SDPA_BACKENDS (torch.nn.attention.sdpa_kernel); if it cannot run these
     inputs on this device, a UserError says why instead of torch's "no available kernel".
+    A bias (ALiBi) goes in as a float attn_mask, -inf where not allowed.
     """
     if backend is None:
-        return _sdpa(q, k, v, causal, mask, dropout_p, scale, window)
+        return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"unknown sdpa backend {backend!r}; valid: {', '.join(SDPA_BACKENDS)}")
     # torch states why it refuses a backend as warnings, then fails; keep them for our message.
@@ -148,7 +164,7 @@ def sdpa(
         warnings.simplefilter("always")
         try:
             with sdpa_kernel(SDPA_BACKENDS[backend]):
-                return _sdpa(q, k, v, causal, mask, dropout_p, scale, window)
+                return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
         except RuntimeError as err:
             reasons = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
             reasons = [r for r in reasons if r and not r.endswith("because:")]
@@ -162,10 +178,10 @@ def sdpa(
             ) from None
 
 
-def _sdpa(q, k, v, causal, mask, dropout_p, scale, window) -> Tensor:
+def _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias) -> Tensor:
     gqa = q.size(1) != k.size(1)
     t_q, t_k = q.size(-2), k.size(-2)
-    if mask is None and window is None and (not causal or t_q == t_k or t_q == 1):
+    if bias is None and mask is None and window is None and (not causal or t_q == t_k or t_q == 1):
         # The fast path: no explicit mask, so flash attention stays eligible. A single query (a cached
         # decode step) sees every key under the bottom-right causal rule: nothing to mask.
         return F.scaled_dot_product_attention(
@@ -174,11 +190,14 @@ def _sdpa(q, k, v, causal, mask, dropout_p, scale, window) -> Tensor:
     # torch's is_causal is top-left aligned, so Tq < Tk (a cached decode step) needs an explicit mask;
     # SDPA has no window argument, so the band is an explicit (Tq, Tk) mask too.
     allowed = combine(t_q, t_k, causal, mask, q.device, window)
+    if allowed is None:  # no rule at all, only a bias
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=scale,
+                                              enable_gqa=gqa)
     empty_rows = ~allowed.any(dim=-1, keepdim=True)
-    if empty_rows.any():
-        # Let empty rows attend everywhere (keeps the softmax finite), then zero their output.
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed | empty_rows, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
-        )
-        return out.masked_fill(empty_rows, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+    any_empty = bool(empty_rows.any())
+    if any_empty:  # let empty rows attend everywhere (keeps the softmax finite), then zero their output
+        allowed = allowed | empty_rows
+    attn_mask = allowed if bias is None else torch.where(allowed, bias.to(q.dtype), float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+                                         enable_gqa=gqa)
+    return out.masked_fill(empty_rows, 0.0) if any_empty else out

@@ -11,24 +11,25 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 from torch import Tensor, nn
 
+from gpt.attention import scores as score_variants
 from gpt.attention.masks import combine, expand_kv
 
 
 def attention_weights(
     q: Tensor, k: Tensor, *, causal: bool = True, mask: Tensor | None = None, window: int | None = None,
-    scale: float | None = None,
+    scale: float | None = None, softcap: float | None = None, bias: Tensor | None = None, sink: Tensor | None = None,
 ) -> Tensor:
-    """softmax(q k^T * scale) under the causal/window/padding rules: (B, H, Tq, Tk), empty rows all zero."""
+    """softmax(q k^T * scale) under the causal/window/padding rules and the score variants (soft-cap, bias, sink):
+    (B, H, Tq, Tk), empty rows all zero."""
     k, _ = expand_kv(q, k, k)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+    scores = score_variants.modify((q.float() @ k.float().transpose(-2, -1)) * scale, softcap, bias)
     allowed = combine(q.size(-2), k.size(-2), causal, mask, q.device, window)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = score_variants.softmax(scores, sink)
     return weights if allowed is None else weights.masked_fill(~allowed, 0.0)
 
 
@@ -39,8 +40,8 @@ def record_attention(model: nn.Module) -> Iterator[list[Tensor]]:
     layers = [m for m in model.modules() if hasattr(m, "kernel") and hasattr(m, "c_attn")]
     originals = [layer.kernel for layer in layers]
 
-    def recorder(q, k, v, *, causal=True, mask=None, dropout_p=0.0, scale=None, window=None):
-        weights = attention_weights(q, k, causal=causal, mask=mask, window=window, scale=scale)
+    def recorder(q, k, v, *, causal=True, mask=None, dropout_p=0.0, scale=None, window=None, **variants):
+        weights = attention_weights(q, k, causal=causal, mask=mask, window=window, scale=scale, **variants)
         recorded.append(weights.detach())
         _, v = expand_kv(q, v, v)
         return (weights @ v.float()).to(q.dtype)

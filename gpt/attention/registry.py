@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 class AttentionKernel(Protocol):
-    """``kernel(q, k, v, *, causal, mask, dropout_p, scale, window) -> Tensor``.
+    """``kernel(q, k, v, *, causal, mask, dropout_p, scale, window[, softcap, bias, sink]) -> Tensor``.
 
     q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D) with H divisible by Hkv (query head h reads key/value
     head h // (H // Hkv)). mask: optional bool, broadcastable to (B, H, Tq, Tk), True = "may attend".
@@ -20,6 +20,11 @@ class AttentionKernel(Protocol):
     scale defaults to 1/sqrt(D). A query row that may attend nowhere returns zeros (and zero
     gradients). dropout_p is applied to the attention weights; callers pass 0 outside training.
     Returns (B, H, Tq, D).
+
+    Score variants, only for kernels that declare them (EXTENSIONS; callers pass them only when set):
+    softcap: scores s -> softcap * tanh(s / softcap) (Gemma 2); bias: a float tensor broadcastable to
+    (B, H, Tq, Tk) added to the (capped) scores (ALiBi); sink: (H,) a logit per head that joins each
+    row's softmax and takes its share of the weight, but has no value (attention sinks).
     """
 
     def __call__(
@@ -37,25 +42,31 @@ class AttentionKernel(Protocol):
 
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")
-OPTIONS = ("gqa", "window", "mask", "dropout")
+CONTRACT = ("gqa", "window", "mask", "dropout")  # what every kernel is expected to do (the default declaration)
+EXTENSIONS = ("softcap", "bias", "sink")  # score variants a kernel opts into (the keywords it then accepts)
+OPTIONS = CONTRACT + EXTENSIONS
 OPTION_WORDS = {
     "gqa": "grouped-query attention (fewer key/value heads)",
     "window": "sliding window",
     "mask": "boolean attention mask",
     "dropout": "dropout on the attention weights",
+    "softcap": "logit soft-capping",
+    "bias": "additive score bias",
+    "sink": "attention sink logit",
 }
 DEVICE_WORDS = {"cpu": "CPU", "cuda": "a CUDA GPU", "mps": "MPS"}
 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """What a kernel can do, declared where it is registered; the defaults are the whole AttentionKernel contract.
+    """What a kernel can do, declared where it is registered; the defaults are the AttentionKernel contract
+    without the score variants (EXTENSIONS), which a kernel must declare to be given them.
 
     A test compares each declaration with what ``python -m gpt.attention`` measures, so a wrong one fails.
     """
 
     trains_on: tuple[str, ...] = DEVICE_TYPES  # device types where it has a backward pass
-    options: tuple[str, ...] = OPTIONS  # which of OPTIONS its keyword arguments implement
+    options: tuple[str, ...] = CONTRACT  # which of OPTIONS its keyword arguments implement
     backends: tuple[str, ...] = ()  # names its ``backend=`` keyword accepts (attention.backend=<name>)
     why: str = ""  # one line: why something is missing, quoted in refusals (e.g. "a torch limitation")
 
@@ -86,12 +97,13 @@ def register(
     override: bool = False,
     backends: tuple[str, ...] = (),
     trains_on: tuple[str, ...] = DEVICE_TYPES,
-    options: tuple[str, ...] = OPTIONS,
+    options: tuple[str, ...] = CONTRACT,
     why: str = "",
 ) -> Callable[[AttentionKernel], AttentionKernel]:
     """Decorator adding a kernel under ``name``; ``attention=<name>`` then selects it.
 
-    The keywords declare what it can do (see KernelSpec); leave them out for a kernel with the whole contract.
+    The keywords declare what it can do (see KernelSpec); leave them out for a kernel with the whole contract
+    and no score variants.
     """
     declared = KernelSpec(trains_on=tuple(trains_on), options=tuple(options), backends=tuple(backends), why=why)
 

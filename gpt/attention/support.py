@@ -58,6 +58,9 @@ def try_option(name: str, device: torch.device | str, option: str, backend: str 
         "window": {"window": 2},
         "mask": {"mask": torch.tensor([True, True, False, True], device=device)},  # (Tk,): broadcasts
         "dropout": {"dropout_p": 0.5},
+        "softcap": {"softcap": 5.0},
+        "bias": {"bias": torch.randn(2, 4, 4, generator=g).to(device)},  # (H, Tq, Tk), e.g. ALiBi's
+        "sink": {"sink": torch.zeros(2, device=device)},  # (H,)
     }.get(option, {})
     kernel = get(name, backend)
     try:
