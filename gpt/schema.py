@@ -19,6 +19,7 @@ from gpt.config import MISSING, AttentionConfig, GPTConfig, ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError
+from gpt.memory import MemoryConfig
 from gpt.train.config import RunConfig
 
 
@@ -135,3 +136,4 @@ def register() -> None:
     cs.store(name="bench_decode_schema", node=BenchDecodeApp)
     cs.store(name="bench_attention_schema", node=BenchAttentionConfig)
     cs.store(name="bench_train_schema", node=BenchTrainConfig)
+    cs.store(name="memory_schema", node=MemoryConfig)

@@ -96,7 +96,7 @@ class Trainer:
         self.data = build.load_data(run, ranks, log)
         self.config, init_weights = build.model_config(run, self.data, log)
         self.data.check_block_size(self.config.block_size)
-        build.check_fits(self.config, self.cfg.batch_size, device)  # before anything is allocated or written
+        build.check_fits(self.config, self.cfg, precision, device, ranks)  # before anything is allocated or written
         configure_matmul(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
