@@ -115,3 +115,18 @@ def test_training_refuses_a_run_the_plan_puts_above_free_memory(monkeypatch):
         check_fits(config, TrainConfig(batch_size=256), "fp32", torch.device("cpu"), Ranks())
     check_fits(config, TrainConfig(batch_size=256, activation_checkpointing=True), "fp32", torch.device("cpu"),
                Ranks())
+
+
+def test_saving_a_checkpoint_streams_it_without_a_second_copy_in_memory(tmp_path):
+    from gpt import checkpoint
+    from gpt.bench.isolate import PeakMemory
+
+    state = {f"w{i}": torch.randn(256, 1024) for i in range(64)}  # 64 MiB
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    gauge = PeakMemory(torch.device("cpu"))
+    gauge.start()
+    checkpoint.save({"model": state}, tmp_path / "ckpt.pt")
+    growth = gauge.peak_bytes()
+    if growth is None:
+        pytest.skip("no resettable peak resident set here (Linux /proc/self/clear_refs)")
+    assert growth < 0.1 * size, f"the resident set grew by {growth:,} bytes saving {size:,}"

@@ -106,3 +106,28 @@ def test_a_run_with_activation_checkpointing_is_bitwise_the_run_without(tmp_path
 def test_activation_checkpointing_must_be_a_boolean():
     with pytest.raises(ConfigError, match="train.activation_checkpointing must be true or false"):
         TrainConfig(activation_checkpointing="yes")
+
+
+def test_an_optimizer_state_keyed_by_parameter_name_as_fsdp_writes_it_loads_into_a_plain_model():
+    from gpt.train.optim import make_optimizer
+    from gpt.train.parallelize import _keyed_by_name, load_optimizer_state
+
+    def model_and_optimizer() -> tuple[GPT, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = GPT(CONFIG)
+        return model, make_optimizer(model, TrainConfig(), torch.device("cpu"))
+
+    model, optimizer = model_and_optimizer()
+    model(torch.randint(0, 50, (2, 16)), torch.randint(0, 50, (2, 16)))[1].backward()
+    optimizer.step()
+    saved = optimizer.state_dict()
+    by_name = _keyed_by_name(model, optimizer, saved)
+    assert "transformer.h.0.attn.c_attn.weight" in by_name["state"]
+    other_model, other = model_and_optimizer()
+    load_optimizer_state(other_model, other, by_name)
+    loaded = other.state_dict()
+    as_lists = lambda groups: [{**g, "betas": list(g["betas"])} for g in groups]  # noqa: E731 (a tuple comes back a list)
+    assert as_lists(loaded["param_groups"]) == as_lists(saved["param_groups"])
+    for key, entry in saved["state"].items():
+        for name, value in entry.items():
+            assert torch.equal(loaded["state"][key][name], value), (key, name)

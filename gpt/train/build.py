@@ -90,13 +90,12 @@ def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision:
 
     Initial weights are rank 0's (as DDP broadcasts them); dropout masks and other randomness differ by rank.
     """
-    if run.train.fsdp:
-        raise UserError("train.fsdp=true is not available in training yet (python -m gpt.memory plans it)",
-                        hint="leave train.fsdp=false; use train.activation_checkpointing=true to save memory")
     torch.manual_seed(run.seed)
     model = GPT(config).to(device)
     if run.train.activation_checkpointing:
         parallelize.apply_activation_checkpointing(model)
+    if run.train.fsdp:  # before the optimizer: it must hold the shards
+        parallelize.apply_fsdp(model, device, precision)
     if ranks.rank > 0:
         torch.manual_seed(run.seed + ranks.rank)
     random.seed(run.seed + ranks.rank)
@@ -139,8 +138,9 @@ def maybe_compile(model: nn.Module, enabled: bool, device: torch.device, log: Ca
 
 
 def data_parallel(model: nn.Module, device: torch.device, ranks: Ranks) -> nn.Module:
-    """The model as the training step calls it: wrapped in DistributedDataParallel under torchrun."""
-    if not ranks.enabled:
+    """The model as the training step calls it: wrapped in DistributedDataParallel under torchrun (unless
+    FSDP already shards it)."""
+    if not ranks.enabled or parallelize.is_sharded(model):
         return model
     from torch.nn.parallel import DistributedDataParallel
 
