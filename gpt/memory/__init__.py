@@ -106,11 +106,13 @@ def plan(config: GPTConfig, batch_size: int, seq_len: int | None = None, precisi
     seq = seq_len or config.block_size
     act = 4 if precision == "fp32" else 2
     shards = world_size if fsdp else 1
+    outside = n_params - config.n_layer * per_block  # embeddings, final LayerNorm (the head is tied)
     if fsdp:  # gathered blocks: the one computing and the one prefetched, plus its unsharded gradient
-        outside = n_params - config.n_layer * per_block
         copies = 2 * per_block * act + outside * act + 4 * per_block
-    else:
-        copies = 0 if precision == "fp32" else 2 * n_params
+    elif precision == "fp32":
+        copies = 0
+    else:  # autocast's casts, kept for the backward; a checkpointed block recasts its own when recomputed
+        copies = 2 * (outside + per_block if checkpointing else n_params)
     return Plan(
         params=4 * math.ceil(n_params / shards),
         grads=4 * math.ceil(n_params / shards),
