@@ -47,19 +47,21 @@ def losses(run_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_fsdp_matches_ddp_resumes_exactly_and_reads_ddp_checkpoints(data_args, tmp_path):
+def test_fsdp_matches_ddp_resumes_exactly_combines_with_checkpointing_and_reads_ddp_checkpoints(data_args, tmp_path):
     run = lambda name, *args: torchrun(*data_args, f"out_dir={tmp_path / name}", *args, cwd=tmp_path)  # noqa: E731
     run("ddp", "train.max_iters=6")
     run("fsdp", "train.max_iters=6", "train.fsdp=true")
     run("fsdp_resumed", "train.max_iters=3", "train.fsdp=true")  # stopped halfway ...
     resumed = run("fsdp_resumed", "train.max_iters=6", "train.fsdp=true", "resume=true")  # ... and continued
     assert "resumed from" in resumed.stdout + resumed.stderr
+    run("fsdp_ac", "train.max_iters=6", "train.fsdp=true", "train.activation_checkpointing=true")
     run("ddp_then_fsdp", "train.max_iters=3")
     run("ddp_then_fsdp", "train.max_iters=6", "train.fsdp=true", "resume=true")
 
     ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
     assert len(ddp) == 6 and fsdp == pytest.approx(ddp, rel=0, abs=1e-5)
     assert losses(tmp_path / "fsdp_resumed") == fsdp  # bitwise: the resumed FSDP run is the straight one
+    assert losses(tmp_path / "fsdp_ac") == fsdp  # activation checkpointing inside FSDP changes no bit either
     assert losses(tmp_path / "ddp_then_fsdp") == pytest.approx(ddp, rel=0, abs=1e-5)
     weights = {name: torch.load(tmp_path / name / "ckpt.pt", weights_only=True)["model"]
                for name in ("ddp", "fsdp", "fsdp_resumed")}

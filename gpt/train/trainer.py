@@ -155,6 +155,7 @@ class Trainer:
     def describe(self) -> str:
         c, cfg, world = self.config, self.cfg, self.ranks.world_size
         fused = ", fused AdamW" if self.state.optimizer.defaults.get("fused") else ""
+        fused += (", FSDP" if cfg.fsdp else "") + (", activation checkpointing" if cfg.activation_checkpointing else "")
         return (
             f"model: {self.n_params / 1e6:.2f}M parameters ({c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
             f"context {c.block_size}, attention={c.attention}); "
