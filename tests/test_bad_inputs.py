@@ -72,6 +72,7 @@ CASES = {
     "a batch too large for memory": (["train.batch_size=100000000", "out_dir={root}/big"], "out of memory:"),
     "a misspelt key added with +": (["+train.lerning_rate=0.1"], "unknown config key train.lerning_rate"),
     "a NaN learning rate": (["train.learning_rate=nan"], "train.learning_rate must be positive, got nan"),
+    "fsdp without torchrun": (["train.fsdp=true"], "train.fsdp=true shards the model over several processes"),
 }
 
 

@@ -50,11 +50,16 @@ def test_bench_attention_quick_mode_writes_tables_csv_and_plots(tmp_path):
 def test_bench_train_quick_mode_reports_each_variant(tmp_path):
     out = tmp_path / "train"
     result = run_script("bench_train", "device=cpu", "model=tiny", "batch_size=4", "steps=2", "warmup=1", "threads=1",
-                        "compile=[false]", "precisions=[fp32,fp16]", f"out_dir={out}")
+                        "compile=[false]", "precisions=[fp32,fp16]", "activation_checkpointing=[false,true]",
+                        f"out_dir={out}")
     assert result.returncode == 0, result.stderr
     assert "| eager | fp32 |" in result.stdout and "| eager | fp16 |" in result.stdout
+    assert "| eager + AC | fp32 |" in result.stdout
     with open(out / "train.csv") as f:
-        rows = {r["precision"]: r for r in csv.DictReader(f)}
+        table = list(csv.DictReader(f))
+    rows = {r["precision"]: r for r in table if r["activation_checkpointing"] == "False"}
+    checkpointed = next(r for r in table if r["activation_checkpointing"] == "True" and r["precision"] == "fp32")
+    assert float(checkpointed["loss"]) == float(rows["fp32"]["loss"])  # the same steps, recomputed
     assert float(rows["fp32"]["tokens_per_s"]) > 0 and float(rows["fp32"]["ms_per_step"]) > 0
     assert float(rows["fp32"]["peak_mib"]) > 0 and rows["fp32"]["note"] == ""
     assert "fp16 needs a CUDA GPU" in rows["fp16"]["note"]  # cannot run here: says why

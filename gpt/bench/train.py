@@ -26,6 +26,7 @@ from gpt.model import GPT
 from gpt.train import metrics
 from gpt.train.config import TrainConfig
 from gpt.train.optim import make_optimizer
+from gpt.train.parallelize import apply_activation_checkpointing
 
 
 @dataclass
@@ -41,6 +42,7 @@ class BenchTrainConfig:
     seq_len: Optional[int] = None  # default: model.block_size
     compile: list[bool] = field(default_factory=lambda: [False, True])
     precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    activation_checkpointing: list[bool] = field(default_factory=lambda: [False])  # [false,true]: both, compared
     warmup: int = 2  # untimed steps first (the first one also compiles)
     steps: int = 10
     learning_rate: float = 3e-4
@@ -65,6 +67,7 @@ class Variant:
 
     compile: bool
     precision: str
+    activation_checkpointing: bool = False
     ms_per_step: float | None = None
     tokens_per_s: float | None = None
     peak_mib: float | None = None
@@ -76,7 +79,8 @@ class Variant:
 
 
 def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile: bool, device: str,
-            warmup: int, steps: int, learning_rate: float, threads: int | None = None) -> dict:
+            warmup: int, steps: int, learning_rate: float, threads: int | None = None,
+            activation_checkpointing: bool = False) -> dict:
     """Time optimizer steps of one variant and gauge its peak memory (in the variant's own process on CPU)."""
     dev = torch.device(device)
     if threads:
@@ -87,6 +91,8 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
     configure_matmul(dev)
     torch.manual_seed(0)
     gpt = GPT(config).to(dev)
+    if activation_checkpointing:
+        apply_activation_checkpointing(gpt)  # as training applies it
     optimizer = make_optimizer(gpt, TrainConfig(learning_rate=learning_rate), dev)  # the one training builds
     if compile:
         compile_here(dev)
@@ -129,25 +135,26 @@ def run(cfg: BenchTrainConfig, log=lambda line: print(line, file=sys.stderr, flu
         n_params = GPT(config).num_params()
     flops = metrics.flops_per_token(config, n_params, seq_len)
     variants = []
-    for compile in cfg.compile:
-        for precision in cfg.precisions:
-            variant = Variant(compile, precision)
-            variants.append(variant)
-            kwargs = dict(model=config.to_dict(), batch_size=cfg.batch_size, seq_len=seq_len, precision=precision,
-                          compile=compile, device=str(device), warmup=cfg.warmup, steps=cfg.steps,
-                          learning_rate=cfg.learning_rate, threads=cfg.threads)
-            out = run_isolated(measure, kwargs, cfg.timeout_s) if device.type == "cpu" else run_here(measure, kwargs)
-            if "error" in out:
-                variant.note = out["error"]
-                log(f"compile={compile} {precision}: {variant.note}")
-                continue
-            for key in ("ms_per_step", "tokens_per_s", "first_step_s", "peak_mib", "loss"):
-                setattr(variant, key, out[key])
-            variant.tflops = flops * variant.tokens_per_s / 1e12
-            peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else metrics.peak_flops(device, out["precision"])
-            variant.mfu = None if peak is None else variant.tflops * 1e12 / peak
-            log(f"compile={compile} {precision}: {variant.ms_per_step:.1f} ms/step, "
-                f"{variant.tokens_per_s:,.0f} tokens/s")
+    cases = [(c, p, ac) for c in cfg.compile for p in cfg.precisions for ac in cfg.activation_checkpointing]
+    for compile, precision, checkpointing in cases:
+        variant = Variant(compile, precision, checkpointing)
+        variants.append(variant)
+        kwargs = dict(model=config.to_dict(), batch_size=cfg.batch_size, seq_len=seq_len, precision=precision,
+                      compile=compile, device=str(device), warmup=cfg.warmup, steps=cfg.steps,
+                      learning_rate=cfg.learning_rate, threads=cfg.threads,
+                      activation_checkpointing=checkpointing)
+        out = run_isolated(measure, kwargs, cfg.timeout_s) if device.type == "cpu" else run_here(measure, kwargs)
+        if "error" in out:
+            variant.note = out["error"]
+            log(f"compile={compile} {precision} AC={checkpointing}: {variant.note}")
+            continue
+        for key in ("ms_per_step", "tokens_per_s", "first_step_s", "peak_mib", "loss"):
+            setattr(variant, key, out[key])
+        variant.tflops = flops * variant.tokens_per_s / 1e12
+        peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else metrics.peak_flops(device, out["precision"])
+        variant.mfu = None if peak is None else variant.tflops * 1e12 / peak
+        log(f"compile={compile} {precision} AC={checkpointing}: {variant.ms_per_step:.1f} ms/step, "
+            f"{variant.tokens_per_s:,.0f} tokens/s")
     where = describe_device(device, cfg.threads)
     header = (
         f"training benchmark: {n_params / 1e6:.2f}M parameters ({config.n_layer} layers, {config.n_head} heads, "
@@ -182,7 +189,8 @@ def table(variants: list[Variant]) -> str:
         return "-" if x is None else format(x, spec)
 
     rows = [
-        [("compile" if v.compile else "eager"), v.precision, num(v.ms_per_step, ".1f"), num(v.tokens_per_s, ",.0f"),
+        [("compile" if v.compile else "eager") + (" + AC" if v.activation_checkpointing else ""), v.precision,
+         num(v.ms_per_step, ".1f"), num(v.tokens_per_s, ",.0f"),
          num(v.peak_mib, ".0f"), num(v.tflops, ".3g"), "n/a" if v.mfu is None else f"{v.mfu:.1%}",
          num(v.first_step_s, ".2f"), v.note]
         for v in variants

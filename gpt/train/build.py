@@ -13,15 +13,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpt import pretrained
+from gpt import memory, pretrained
 from gpt.config import GPTConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.data.sampler import make_sampler
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.train import distributed
-from gpt.train.config import RunConfig
+from gpt.train import distributed, parallelize
+from gpt.train.config import RunConfig, TrainConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.optim import make_optimizer
 from gpt.train.state import TrainState
@@ -67,22 +67,21 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def check_fits(config: GPTConfig, batch_size: int, device: torch.device) -> None:
-    """Refuse, before allocating, a run whose smallest need exceeds the memory available.
-
-    The lower bound counted: fp32 weights, gradients and AdamW's two moments (16 bytes per parameter) and
-    one micro-batch of fp32 logits with their gradient (8 bytes per logit). Activations come on top.
-    """
-    with torch.device("meta"):
-        n_params = GPT(config).num_params(non_embedding=False)
-    need = 16 * n_params + 8 * batch_size * config.block_size * config.vocab_size
+def check_fits(config: GPTConfig, train: TrainConfig, precision: str, device: torch.device, ranks: Ranks) -> None:
+    """Refuse, before allocating, a run whose planned peak (gpt.memory: weights, gradients, AdamW state,
+    activations) exceeds the memory available on this device."""
+    fsdp = train.fsdp and ranks.world_size > 1
+    need = memory.plan(config, train.batch_size, precision=precision, world_size=ranks.world_size, fsdp=fsdp,
+                       checkpointing=train.activation_checkpointing, fused_adamw=device.type == "cuda").peak
     free = available_memory(device)
     if free is not None and need > free:
+        n_params, _ = memory.count_params(config)
         raise UserError(
-            f"out of memory: {n_params / 1e6:,.1f}M parameters and batches of {batch_size} x {config.block_size} "
-            f"tokens need at least {need / 2**30:,.1f} GiB (weights, gradients, AdamW state, logits), "
-            f"but {device} has {free / 2**30:,.1f} GiB available",
-            hint="a smaller model, or a smaller train.batch_size with a larger train.grad_accum")
+            f"out of memory: {n_params / 1e6:,.1f}M parameters and batches of {train.batch_size} x "
+            f"{config.block_size} tokens need about {need / 2**30:,.1f} GiB per process (weights, gradients, AdamW "
+            f"state, activations), but {device} has {free / 2**30:,.1f} GiB available",
+            hint="a smaller train.batch_size with a larger train.grad_accum, train.activation_checkpointing=true, "
+                 "or train.fsdp=true under torchrun (python -m gpt.memory plans it)")
 
 
 def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision: str, device: torch.device,
@@ -93,6 +92,10 @@ def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision:
     """
     torch.manual_seed(run.seed)
     model = GPT(config).to(device)
+    if run.train.activation_checkpointing:
+        parallelize.apply_activation_checkpointing(model)
+    if run.train.fsdp:  # before the optimizer: it must hold the shards
+        parallelize.apply_fsdp(model, device, precision)
     if ranks.rank > 0:
         torch.manual_seed(run.seed + ranks.rank)
     random.seed(run.seed + ranks.rank)
@@ -135,8 +138,9 @@ def maybe_compile(model: nn.Module, enabled: bool, device: torch.device, log: Ca
 
 
 def data_parallel(model: nn.Module, device: torch.device, ranks: Ranks) -> nn.Module:
-    """The model as the training step calls it: wrapped in DistributedDataParallel under torchrun."""
-    if not ranks.enabled:
+    """The model as the training step calls it: wrapped in DistributedDataParallel under torchrun (unless
+    FSDP already shards it)."""
+    if not ranks.enabled or parallelize.is_sharded(model):
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -38,6 +38,8 @@ class TrainConfig:
     sample_tokens: int = 200  # length of the samples (TensorBoard at each eval, log at the end; 0: none)
     compile: bool = False  # wrap the model in torch.compile (eager, with one message, where unavailable)
     skip_nonfinite: int = 0  # steps with a NaN/Inf loss or gradient norm that may be skipped before stopping
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory, ~1/3 slower)
+    fsdp: bool = False  # under torchrun: shard weights, gradients and AdamW state over the processes (FSDP2)
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
@@ -51,6 +53,8 @@ class TrainConfig:
             self._check(name, lambda v: math.isfinite(v) and v >= 0, "non-negative")
         for name in ("beta1", "beta2"):
             self._check(name, lambda v: 0 <= v < 1, "in [0, 1)")
+        for name in ("activation_checkpointing", "fsdp"):
+            self._check(name, lambda v: isinstance(v, bool), "true or false")
 
     def _check(self, name: str, ok: Callable[[Any], bool], expected: str) -> None:
         """Refuse train.<name> unless ``ok(value)``; comparisons with NaN are False, so NaN is refused too."""

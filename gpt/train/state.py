@@ -22,7 +22,7 @@ from gpt import checkpoint
 from gpt.config import GPTConfig
 from gpt.data.sampler import Sampler
 from gpt.errors import UserError
-from gpt.train import distributed
+from gpt.train import distributed, parallelize
 from gpt.train.distributed import AbortRun, Ranks
 
 
@@ -75,7 +75,7 @@ class TrainState:
             "evaluated": self.evaluated,
             "eval": self.last_eval,
             "skipped": self.skipped,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": parallelize.optimizer_state(self.model, self.optimizer),
             "scaler": self.scaler.state_dict(),
             "rng": rngs,
             "data": self.sampler.state_dict(),
@@ -84,8 +84,8 @@ class TrainState:
 
     def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None]) -> None:
         """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks)."""
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        parallelize.load_model_state(self.model, payload["model"])
+        parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
         if payload["scaler"]:
             self.scaler.load_state_dict(payload["scaler"])
         self.sampler.load_state_dict(payload["data"])
@@ -114,12 +114,13 @@ class Checkpointer:
     def save(self, state: TrainState, best: bool) -> None:
         """Checkpoint ``state``; every rank calls this (RNG states are gathered) and all see a failure."""
         rngs = distributed.gather(rng_state(), self.ranks)
+        weights, training = parallelize.model_state(state.model), state.state_dict(rngs)  # FSDP: every rank gathers
         error = None
         if self.ranks.is_main:
-            model = {**checkpoint.model_entries(state.model.state_dict(), self.model_config, self.tokenizer),
+            model = {**checkpoint.model_entries(weights, self.model_config, self.tokenizer),
                      "step": state.step, "best_val_loss": state.best_val_loss, "config": self.run_config}
             try:
-                checkpoint.save({**model, **state.state_dict(rngs)}, self.latest)
+                checkpoint.save({**model, **training}, self.latest)
                 if best:
                     checkpoint.save(model, self.run_dir / checkpoint.BEST)
             except UserError as err:

@@ -8,7 +8,6 @@ over ranks: N processes with grad_accum=1 compute the gradient of one process wi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import torch
 from gpt import attention, checkpoint
 from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import UserError
-from gpt.train import build, distributed, metrics, visuals
+from gpt.train import build, distributed, metrics, parallelize, visuals
 from gpt.train.config import RunConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.evaluate import estimate_loss, val_metrics
@@ -96,7 +95,8 @@ class Trainer:
         self.data = build.load_data(run, ranks, log)
         self.config, init_weights = build.model_config(run, self.data, log)
         self.data.check_block_size(self.config.block_size)
-        build.check_fits(self.config, self.cfg.batch_size, device)  # before anything is allocated or written
+        parallelize.check_fsdp(self.cfg, precision, ranks)
+        build.check_fits(self.config, self.cfg, precision, device, ranks)  # before anything is allocated or written
         configure_matmul(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -109,7 +109,7 @@ class Trainer:
             self.state.load_state_dict(resume_from, ranks, log)
             log(f"resumed from {run_dir / checkpoint.LATEST} at step {self.state.step}")
         elif init_weights is not None:
-            self.state.model.load_state_dict(init_weights)
+            parallelize.load_model_state(self.state.model, init_weights)
         del resume_from, init_weights
         self.model = build.maybe_compile(self.state.model, self.cfg.compile, device, log)  # evaluation: no DDP
         self.train_model = build.data_parallel(self.model, device, ranks)
@@ -155,6 +155,7 @@ class Trainer:
     def describe(self) -> str:
         c, cfg, world = self.config, self.cfg, self.ranks.world_size
         fused = ", fused AdamW" if self.state.optimizer.defaults.get("fused") else ""
+        fused += (", FSDP" if cfg.fsdp else "") + (", activation checkpointing" if cfg.activation_checkpointing else "")
         return (
             f"model: {self.n_params / 1e6:.2f}M parameters ({c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
             f"context {c.block_size}, attention={c.attention}); "
@@ -182,8 +183,10 @@ class Trainer:
         val = val_metrics(losses["val"], self.data.meta["splits"]["val"])
         self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
                                     "val/ppl": val["ppl"], "val/bpb": val["bpb"]})
-        self.records.pictures(lambda writer: visuals.log_samples(
-            writer, state.model, self.data, self.cfg.sample_tokens, self.run.seed, self.device, self.autocast, step))
+        if not self.cfg.fsdp:  # samples run on rank 0 alone; a sharded model needs every rank
+            self.records.pictures(lambda writer: visuals.log_samples(
+                writer, state.model, self.data, self.cfg.sample_tokens, self.run.seed, self.device, self.autocast,
+                step))
         self.checkpointer.save(state, best=improved)
         bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
@@ -200,7 +203,7 @@ class Trainer:
         for micro in range(self.cfg.grad_accum):
             loss_sum += self.forward_backward(last=micro == self.cfg.grad_accum - 1)
         state.scaler.unscale_(state.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.cfg.grad_clip or math.inf)
+        grad_norm = parallelize.clip_grad_norm_(list(state.model.parameters()), self.cfg.grad_clip or math.inf)
         result, nonfinite = self.agree(loss_sum, grad_norm, signals.received is not None, lr)
         if nonfinite:
             self.skip_update(result)
@@ -216,8 +219,7 @@ class Trainer:
     def forward_backward(self, last: bool) -> torch.Tensor:
         """One micro-step on the next batch; gradients are all-reduced only on the ``last`` one. Returns the loss."""
         x, y = self.next_batch()
-        in_step = self.train_model.no_sync() if self.ranks.enabled and not last else contextlib.nullcontext()
-        with in_step:
+        with parallelize.gradient_sync(self.train_model, last):
             try:
                 with self.autocast:
                     _, loss = self.train_model(x, y)
@@ -301,7 +303,7 @@ class Trainer:
             self.records.log(f"stopped by {interrupted_by} after step {state.step}; checkpoint saved: {summary.ckpt}\n"
                              f"resume with: {resume}")
             return summary
-        if self.ranks.is_main and self.cfg.sample_tokens > 0:
+        if self.ranks.is_main and self.cfg.sample_tokens > 0 and not self.cfg.fsdp:  # FSDP: every rank or none
             state.model.eval()
             text = visuals.sample_text(state.model, self.data, "", self.cfg.sample_tokens, self.run.seed, self.device,
                                        self.autocast)

@@ -1,0 +1,216 @@
+"""The memory planner: bytes per GPU of a training run (weights, gradients, AdamW, activations) before running it.
+
+python -m gpt.memory model=gpt2-xl train.batch_size=4 [train.fsdp=true] [train.activation_checkpointing=true]
+    [world_size=8] [gpu_memory=80GB] [precision=bf16]
+
+The activation figures count what autograd keeps between forward and backward for this project's GPT
+(measured per tensor with saved_tensors_hooks and checked against the live-tensor peak of small
+models in tests/test_memory.py). Per block and token, with C = n_embd and a = 2 bytes (bf16/fp16) or
+4 (fp32): the two LayerNorm inputs of the fp32 residual stream (2 x 4C), fourteen C-sized tensors in
+the compute precision (LayerNorm outputs 2C, q/k/v 3C, attention output C, MLP 8C: 14aC), the
+attention's log-sum-exp and the LayerNorm statistics. Kernels that build the T x T scores (all but
+sdpa and flex) keep two of them per head; dropout keeps a one-byte mask per dropped element.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gpt.config import AttentionConfig, GPTConfig, ModelConfig
+from gpt.device import PRECISIONS
+from gpt.errors import ConfigError, check_positive
+from gpt.train.config import TrainConfig
+
+MEMORY_EFFICIENT_KERNELS = ("sdpa", "flex")  # never hold the T x T scores (flash / fused kernels)
+RESERVED = 2**30  # CUDA context, cuBLAS workspaces and allocator slack, kept out of every GPU's budget
+GB_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+@dataclass
+class Plan:
+    """Bytes per GPU at the peak of one training step, by what holds them."""
+
+    params: int  # fp32 master weights (this rank's shard with FSDP)
+    grads: int  # fp32 gradients
+    optimizer: int  # AdamW's two fp32 moments
+    weight_copies: int  # bf16/fp16 casts of the weights (autocast's, or FSDP's gathered blocks)
+    activations: int  # what the forward keeps for the backward
+    backward_transient: int  # gradients of the logits at the start of the backward
+    step_transient: int  # temporaries of the optimizer step (none for fused AdamW)
+
+    @property
+    def backward_peak(self) -> int:
+        """The start of the backward: activations and logit gradients, the optimizer state, no gradients yet."""
+        return self.params + self.optimizer + self.weight_copies + self.activations + self.backward_transient
+
+    @property
+    def step_peak(self) -> int:
+        """The optimizer step: every gradient present, activations freed."""
+        return self.params + self.grads + self.optimizer + self.step_transient
+
+    @property
+    def peak(self) -> int:
+        return max(self.backward_peak, self.step_peak)
+
+
+def count_params(config: GPTConfig) -> tuple[int, int]:
+    """(all parameters, parameters of one Block), the tied token embedding counted once."""
+    c, v, kv = config.n_embd, config.vocab_size, config.n_kv_head * config.head_dim
+    bias = 1 if config.bias else 0
+    attn = c * (c + 2 * kv) + bias * (c + 2 * kv) + c * c + bias * c
+    mlp = 8 * c * c + bias * 5 * c
+    block = attn + mlp + 2 * (c + bias * c)  # + two LayerNorms
+    outside = v * c + (config.block_size * c if config.pos_embedding == "learned" else 0) + c + bias * c
+    return outside + config.n_layer * block, block
+
+
+def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
+    """Bytes one Block keeps for its backward on a (batch, seq) micro-batch, computing in ``act``-byte floats."""
+    n, c, h = batch * seq, config.n_embd, config.n_head
+    kv = config.n_kv_head * config.head_dim
+    saved = n * 2 * 4 * c  # LayerNorm inputs: the fp32 residual stream
+    saved += n * act * (2 * c + (c + 2 * kv) + c + 8 * c)  # ln outputs, q/k/v, attention output, MLP
+    saved += n * 4 * (h + 4)  # log-sum-exp per head, mean and 1/std of both LayerNorms
+    if config.pos_embedding == "rope":
+        saved += n * act * (c + kv)  # the rotated q and k
+    if kv != c:
+        saved += n * act * 2 * (c - kv)  # k and v repeated up to n_head heads
+    if config.attention not in MEMORY_EFFICIENT_KERNELS:
+        saved += 2 * batch * h * seq * seq * act  # scores and probabilities
+    if config.dropout > 0:
+        saved += 2 * n * c  # the residual dropouts' masks (one byte per element)
+        if config.attention not in MEMORY_EFFICIENT_KERNELS:
+            saved += batch * h * seq * seq
+    return saved
+
+
+def activations(config: GPTConfig, batch: int, seq: int, act: int, checkpointing: bool) -> int:
+    """Bytes kept from forward to backward by the whole model; with checkpointing each block keeps its input
+    and one block at a time is recomputed in the backward."""
+    n, c, v = batch * seq, config.n_embd, config.vocab_size
+    head = n * (4 * c + act * c + 4 * 2) + n * v * (act + 4)  # ln_f in/out (+stats), logits, fp32 log-softmax
+    block = block_activations(config, batch, seq, act)
+    if checkpointing:
+        return head + config.n_layer * n * 4 * c + block
+    return head + config.n_layer * block
+
+
+def plan(config: GPTConfig, batch_size: int, seq_len: int | None = None, precision: str = "bf16",
+         world_size: int = 1, fsdp: bool = False, checkpointing: bool = False, fused_adamw: bool = True) -> Plan:
+    """The peak bytes per GPU of training ``config`` on micro-batches of batch_size x seq_len tokens."""
+    n_params, per_block = count_params(config)
+    seq = seq_len or config.block_size
+    act = 4 if precision == "fp32" else 2
+    shards = world_size if fsdp else 1
+    outside = n_params - config.n_layer * per_block  # embeddings, final LayerNorm (the head is tied)
+    if fsdp:  # gathered blocks: the one computing and the one prefetched, plus its unsharded gradient
+        copies = 2 * per_block * act + outside * act + 4 * per_block
+    elif precision == "fp32":
+        copies = 0
+    else:  # autocast's casts, kept for the backward; a checkpointed block recasts its own when recomputed
+        copies = 2 * (outside + per_block if checkpointing else n_params)
+    return Plan(
+        params=4 * math.ceil(n_params / shards),
+        grads=4 * math.ceil(n_params / shards),
+        optimizer=8 * math.ceil(n_params / shards),
+        weight_copies=copies,
+        activations=activations(config, batch_size, seq, act, checkpointing),
+        backward_transient=batch_size * seq * config.vocab_size * (4 + act),
+        step_transient=0 if fused_adamw else math.ceil(n_params / shards),
+    )
+
+
+def largest_batch(fits: int, plan_for: callable, limit: int = 1 << 16) -> int:
+    """The largest micro-batch whose plan peaks within ``fits`` bytes (0 when not even one sequence does)."""
+    if plan_for(1).peak > fits:
+        return 0
+    low, high = 1, 2
+    while high <= limit and plan_for(high).peak <= fits:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if plan_for(mid).peak <= fits else (low, mid)
+    return low
+
+
+def parse_bytes(text: str) -> int:
+    """'80GB', '24GiB', '40 GB', '1e9' -> bytes. GB are 10**9 bytes (as GPUs are sold), GiB 2**30."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in GB_UNITS:
+        raise ConfigError(f"gpu_memory={text!r} is not an amount of memory", hint="write e.g. gpu_memory=80GB")
+    try:
+        return int(float(match.group(1)) * GB_UNITS[unit])
+    except ValueError:
+        raise ConfigError(f"gpu_memory={text!r} is not an amount of memory",
+                          hint="write e.g. gpu_memory=80GB") from None
+
+
+@dataclass
+class MemoryConfig:
+    """python -m gpt.memory (configs/memory.yaml): the run to plan, in the training configs' own groups."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # batch_size, fsdp, activation_checkpointing
+    precision: str = "bf16"  # fp32 | bf16 | fp16 (auto means bf16: the planner plans for GPUs)
+    world_size: int = 1  # processes (GPUs) of the run: FSDP shards the weights and AdamW state over them
+    gpu_memory: Optional[str] = None  # e.g. 80GB or 24GiB: also print the largest micro-batch that fits
+    vocab_size: int = 50257  # unless model.vocab_size is set (GPT-2's tokenizer)
+    seq_len: Optional[int] = None  # default: model.block_size
+
+    def __post_init__(self) -> None:
+        check_positive(self, "world_size", "vocab_size")
+        check_positive(self, "seq_len", optional=True)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        if self.seq_len is not None and self.seq_len > self.model.block_size:
+            raise ConfigError(f"seq_len must be in 1..block_size ({self.model.block_size}), got {self.seq_len}")
+        if self.gpu_memory is not None:
+            parse_bytes(self.gpu_memory)
+        if self.train.fsdp and self.world_size == 1:
+            raise ConfigError("train.fsdp=true shards over the GPUs of a run, but world_size=1",
+                              hint="add world_size=<number of GPUs>, e.g. world_size=8")
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def describe(cfg: MemoryConfig) -> str:
+    """The plan of ``cfg`` as the lines python -m gpt.memory prints."""
+    config = cfg.model.build(cfg.vocab_size)
+    precision = "bf16" if cfg.precision == "auto" else cfg.precision
+    t = cfg.train
+    options = dict(seq_len=cfg.seq_len, precision=precision, world_size=cfg.world_size, fsdp=t.fsdp,
+                   checkpointing=t.activation_checkpointing)
+    p = plan(config, t.batch_size, **options)
+    without, with_ = (plan(config, t.batch_size, **{**options, "checkpointing": ac}).activations for ac in (0, 1))
+    n_params, _ = count_params(config)
+    mode = f"FSDP over {cfg.world_size} GPUs" if t.fsdp else f"DDP on {cfg.world_size} GPU(s) (full copy on each)"
+    lines = [
+        f"{n_params / 1e6:,.1f}M parameters ({config.n_layer} layers, {config.n_embd} wide, vocab "
+        f"{config.vocab_size}), micro-batch {t.batch_size} x {cfg.seq_len or config.block_size} tokens, {precision}, "
+        f"{mode}, activation checkpointing {'on' if t.activation_checkpointing else 'off'}",
+        "bytes per GPU:",
+        f"  parameters (fp32)        {gib(p.params)}",
+        f"  gradients (fp32)         {gib(p.grads)}",
+        f"  AdamW state (fp32 x 2)   {gib(p.optimizer)}",
+        f"  weight copies ({'FSDP' if t.fsdp else precision}){' ' * (9 - len('FSDP' if t.fsdp else precision))}"
+        f"{gib(p.weight_copies)}",
+        f"  activations              {gib(p.activations)}  (without checkpointing: {gib(without)}, "
+        f"with: {gib(with_)})",
+        f"  logit gradients          {gib(p.backward_transient)}",
+        f"  peak                     {gib(p.peak)}  (start of backward {gib(p.backward_peak)}, "
+        f"optimizer step {gib(p.step_peak)})",
+    ]
+    if cfg.gpu_memory is not None:
+        budget = parse_bytes(cfg.gpu_memory)
+        best = largest_batch(budget - RESERVED, lambda b: plan(config, b, **options))
+        lines.append(f"largest micro-batch on a {cfg.gpu_memory} GPU (1 GiB kept for the CUDA context): "
+                     + (f"train.batch_size={best}" if best else "none: not even 1 sequence fits"))
+    return "\n".join(lines)
