@@ -24,3 +24,15 @@ def test_ruff_finds_nothing():
     result = subprocess.run([ruff, "check", "--no-cache", "gpt", "scripts", "tests"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_function_in_the_library_is_longer_than_a_screen():
+    """Functions under gpt/ fit on a screen (70 lines, docstring included): longer ones get split into named parts."""
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "gpt").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 70:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert long == []
