@@ -10,7 +10,7 @@ lm-eval's Hugging Face model scores them (gpt.evaluation.loglik); rolling log-li
 
 from __future__ import annotations
 
-import codecs
+import io
 import sys
 from typing import Any
 
@@ -27,6 +27,7 @@ from tqdm import tqdm
 from gpt.decoding import stream
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.evaluation.loglik import Pair, encode_pair, loglikelihoods
+from gpt.generate import TextStream
 from gpt.pretrained import load_model
 
 
@@ -94,29 +95,21 @@ class GPTAttentionLM(LM):
         temperature = float(kwargs[0].get("temperature", 1.0)) if sample else 0.0  # 0: greedy
         prompts = [self.tokenizer.encode(context)[-self.block_size :] or [self.tokenizer.eot_token or 0]
                    for context, _ in batch]
-        texts = [""] * len(batch)
-        decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in batch]
-        done, eot = [False] * len(batch), self.tokenizer.eot_token
+        texts = [TextStream(self.tokenizer, io.StringIO(), stops) for stops in until]  # whole characters, cut at stops
+        limits = [int(k.get("max_gen_toks", 256)) for k in kwargs]
+        live, eot = [True] * len(batch), self.tokenizer.eot_token
         with self.ctx:
             steps = stream(self.model, prompts, max_new, temperature=temperature, top_k=kwargs[0].get("top_k"),
                            top_p=kwargs[0].get("top_p"), generator=self.generator,
-                           stop_token=self.tokenizer.eot_token, vocab_limit=self.tokenizer.vocab_size)
+                           stop_token=eot, vocab_limit=self.tokenizer.vocab_size)
             for step, tokens in enumerate(steps):  # tokens (B, 1)
                 for row, token in enumerate(tokens.flatten().tolist()):
-                    if done[row] or step >= int(kwargs[row].get("max_gen_toks", 256)) or token == eot:
-                        done[row] = True
-                        continue
-                    texts[row] += decoders[row].decode(self.tokenizer.token_bytes(token))
-                    done[row] = any(u and u in texts[row] for u in until[row])
-                if all(done):
+                    live[row] = live[row] and step < limits[row] and token != eot and texts[row].add(token)
+                if not any(live):
                     break
-        return [cut(text, stops) for text, stops in zip(texts, until)]
-
-
-def cut(text: str, until: list[str]) -> str:
-    """``text`` up to the first occurrence of any stop string (all of it if none occurs)."""
-    ends = [text.find(u) for u in until if u and u in text]
-    return text[: min(ends)] if ends else text
+        for text in texts:
+            text.close()
+        return [text.out.getvalue() for text in texts]
 
 
 if __name__ == "__main__":  # lm_eval's command line, with gpt-attention registered
