@@ -150,6 +150,7 @@ def test_saved_dataset_mistakes_are_one_line_errors(saved_dataset, tmp_path, ext
 
 
 @pytest.mark.slow
+@needs_gpt2  # the presets are GPT-2 data: without the encoding, that is the one line they get
 @pytest.mark.parametrize("preset", ["fineweb_edu", "openwebtext"])
 def test_hub_presets_fail_offline_with_one_line(tmp_path, preset):
     pytest.importorskip("datasets")
