@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from gpt.cli import report_user_errors
 from gpt.errors import UserError
 from gpt.schema import register, typed
-from gpt.train.distributed import hydra_overrides_for_rank
+from gpt.train.distributed import hydra_overrides_for_rank, run_worker
 
 register("train")
 sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
@@ -51,4 +51,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        run_worker(main)  # a torchrun worker ends without tearing down its process group
+    else:
+        main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,40 @@ def run_script(
         text=True,
         timeout=timeout,
     )
+
+
+# A torchrun worker: arms a stack dump of every thread (then exit) for a worker still running after argv[1]
+# seconds, executes argv[2] (a fault to inject, or nothing), then runs the script argv[3] as __main__.
+TORCHRUN_WORKER = ("import faulthandler, runpy, sys; faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True); "
+                   "exec(sys.argv[2]); sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: Path, *args: str, cwd: Path, fault: str = "", timeout: int = 280) -> subprocess.CompletedProcess:
+    """``script`` in 2 gloo processes under torchrun, one thread each, capturing the output.
+
+    A worker that hangs prints every thread's stack and exits after timeout - 60 s, so a failure says where it
+    stopped; the launcher is stopped at ``timeout`` with the output's tail in the failure."""
+    if not _in_slow_test:
+        raise RuntimeError("torchrun() starts processes: mark the test @pytest.mark.slow")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+              f"--master_port={free_port()}", "--no-python", sys.executable, "-c", TORCHRUN_WORKER,
+              str(timeout - 60), fault, str(script)]
+    try:
+        return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+        pytest.fail(f"torchrun still running after {timeout} s; its output ends:\n{out[-4000:]}")
+
+
+def failure_output(result: subprocess.CompletedProcess) -> str:
+    """What explains a failed torchrun: a hung worker's stack dumps when there are any, else stderr's tail."""
+    at = result.stderr.find("Timeout (")
+    return result.stderr[at:at + 6000] if at >= 0 else result.stderr[-3000:]

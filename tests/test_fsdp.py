@@ -3,15 +3,13 @@ and the refusals of what it cannot do."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import conftest
 from conftest import ROOT
 from gpt.errors import UserError
 from gpt.train.config import TrainConfig
@@ -26,15 +24,8 @@ RUN = ["model=tiny", "model.dropout=0.1", "device=cpu", "train.eval_interval=3",
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-              f"--master_port={port}", str(SCRIPT)]
-    result = subprocess.run([*launch, *RUN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = conftest.torchrun(SCRIPT, *RUN, *args, cwd=cwd)
+    assert result.returncode == 0, conftest.failure_output(result)
     return result
 
 

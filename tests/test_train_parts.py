@@ -159,6 +159,24 @@ def test_ranks_after_the_first_write_no_hydra_output(monkeypatch):
     assert math.isclose(distributed.all_reduce_sum(torch.tensor(2.0), ranks).item(), 2.0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("body", "code", "printed"), [
+    ("print('done')", 0, "done"),
+    ("sys.exit(3)", 3, ""),
+    ("sys.exit('error: a message')", 1, "error: a message"),
+    ("raise ValueError('a bug')", 1, "ValueError: a bug"),
+])
+def test_a_torchrun_worker_ends_with_its_exit_status_and_flushed_output(body, code, printed):
+    """run_worker skips the interpreter's teardown (os._exit), so the status and the output must survive it."""
+    import subprocess
+    import sys
+
+    program = f"import sys\nfrom gpt.train.distributed import run_worker\ndef entry():\n    {body}\nrun_worker(entry)"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == code
+    assert printed in result.stdout + result.stderr
+
+
 def test_throughput_leaves_out_the_first_step_unless_it_is_the_only_one():
     from gpt.train.metrics import Throughput
 

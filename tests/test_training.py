@@ -8,7 +8,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import conftest
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -243,12 +243,6 @@ def test_tensorboard_has_the_scalars_samples_attention_image_and_config(referenc
     assert "max_iters: 12" in config and "dropout: 0.1" in config
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def sweep(data_args, tmp_path_factory):
     """A Hydra multirun over both kernels, single process, grad_accum=2, no dropout."""
@@ -286,11 +280,8 @@ optim.learning_rate = _learning_rate
 """
 
 
-def torchrun(*args: str, cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-              f"--master_port={free_port()}"]
-    program = ["--no-python", sys.executable, "-c", FAULT_RUNNER, fault, str(SCRIPT)] if fault else [str(SCRIPT)]
-    return subprocess.run([*launch, *program, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+def torchrun(*args: str, cwd: Path, fault: str = "") -> subprocess.CompletedProcess:
+    return conftest.torchrun(SCRIPT, *args, cwd=cwd, fault=fault)
 
 
 def test_two_gloo_processes_agree_to_stop_resume_and_match_one_process_with_grad_accum_2(sweep, data_args, tmp_path):
@@ -300,7 +291,7 @@ def test_two_gloo_processes_agree_to_stop_resume_and_match_one_process_with_grad
     run_dir = tmp_path / "ddp"
     common = [*DDP_RUN, "attention=sdpa", "train.grad_accum=1", *data_args, f"out_dir={run_dir}"]
     stopped = torchrun(*common, cwd=tmp_path, fault=SIGTERM_RANK_1_AT_STEP_3)
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert stopped.returncode == 0, conftest.failure_output(stopped)
     out = stopped.stdout + stopped.stderr
     assert "4 sequences x 1 micro-steps x 2 process(es) x 32 tokens = 256 tokens per optimizer step" in out
     assert "stopped by a signal on another rank after step 4" in out
@@ -311,7 +302,7 @@ def test_two_gloo_processes_agree_to_stop_resume_and_match_one_process_with_grad
     assert ckpt["step"] == 4 and len(ckpt["rng"]) == 2 and ckpt["world_size"] == 2
 
     resumed = torchrun(*common, "resume=true", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, conftest.failure_output(resumed)
     assert "resumed from" in resumed.stdout + resumed.stderr
 
     def scalars(path: Path, tag: str) -> list[float]:

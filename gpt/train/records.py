@@ -131,8 +131,10 @@ class RunRecords:
         """Close the bar and TensorBoard; write summary.json when given a summary."""
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
         if self.enabled and summary is not None:
             text = json.dumps({**asdict(summary), "ckpt": str(summary.ckpt), **(context or {})}, indent=2) + "\n"
             atomic_write(self.run_dir / SUMMARY_FILE, lambda f: f.write(text.encode()), what="the run's summary")

@@ -55,8 +55,7 @@ def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, ove
             raise
         raise out_of_memory(err, run, device) from None
     finally:
-        lock.release()
-        distributed.cleanup(ranks)
+        lock.release()  # the process group stays: torchrun workers end through distributed.run_worker
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -138,18 +137,22 @@ class Trainer:
         self.records.open(self.run_config, overrides, self.resumed, self.state.step, self.cfg.max_iters)
         self.records.log(self.describe())
         interrupted_by = None
-        with SignalGuard(verbose=self.ranks.is_main) as signals:
-            while True:
-                if self.evaluation_due():
-                    self.evaluate()
-                if self.state.step >= self.cfg.max_iters:
-                    break
-                result = self.train_step(signals)
-                self.report(result)
-                if result.signalled:
-                    interrupted_by = signals.received or "a signal on another rank"
-                    self.checkpointer.save(self.state, best=False)
-                    break
+        try:
+            with SignalGuard(verbose=self.ranks.is_main) as signals:
+                while True:
+                    if self.evaluation_due():
+                        self.evaluate()
+                    if self.state.step >= self.cfg.max_iters:
+                        break
+                    result = self.train_step(signals)
+                    self.report(result)
+                    if result.signalled:
+                        interrupted_by = signals.received or "a signal on another rank"
+                        self.checkpointer.save(self.state, best=False)
+                        break
+        except BaseException:
+            self.records.close()  # TensorBoard keeps what was logged before the stop
+            raise
         return self.finish(interrupted_by, overrides, resume_command(overrides, self.run_dir, script))
 
     def describe(self) -> str:
