@@ -1,56 +1,29 @@
-"""Checkpoint files: one atomic writer, the model's entries of the layout, safe loading.
+"""Checkpoint files: the layout of a run's checkpoints, finding and loading them safely, one writer per run.
 
 A checkpoint is a torch archive of tensors and plain Python values (``torch.load(weights_only=True)``
-reads it). Its model entries are ``model`` (state dict), ``model_config`` (GPTConfig as a dict) and
-``tokenizer`` (the tokenizer's description); a training checkpoint adds the training state (see
-gpt.train.state). Every file the project writes that must never be torn (checkpoints, prepared data)
-goes through :func:`atomic_write`.
+reads it), or with train.fsdp=true a sharded folder (gpt.sharded_checkpoint) read back as the same payload.
+Its model entries are ``model`` (state dict), ``model_config`` (GPTConfig as a dict) and ``tokenizer``
+(the tokenizer's description); a training checkpoint adds the training state (see gpt.train.state).
+Writes go through gpt.files.atomic_write (re-exported here), so no file is ever torn.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
 from gpt.errors import UserError
+from gpt.files import atomic_write as atomic_write  # re-exported: callers write through gpt.checkpoint
+from gpt.files import load_archive as load_archive
 
 LATEST = "ckpt.pt"  # the latest training state, rewritten at every evaluation and at the end
 BEST = "best.pt"  # the model with the best validation loss so far
 MODEL_ENTRIES = ("model", "model_config", "tokenizer")
-
-
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], what: str = "file",
-                 hint: str | None = None) -> None:
-    """Stream ``write(f)`` into a temporary file beside ``path``, fsync it, rename it over ``path``, fsync the folder.
-
-    A crash at any moment leaves the old file or the new one, never a torn one. If writing fails (a full
-    disk), the temporary file is removed, the old file stays, and a UserError names ``what`` failed. The
-    temporary name is unique to the process, so two writers never write into one file.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        hint = hint or f"the previous {path.name} is unchanged; free disk space or write elsewhere"
-        raise UserError(f"could not write {what} {path}: {err.strerror or err}", hint=hint) from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class FolderLock:
@@ -139,37 +112,46 @@ def check_model_state(config: GPTConfig, state: Any, source: str | Path = "the c
 
 
 def resolve(ckpt: str | Path) -> Path:
-    """A checkpoint file from a run directory (best.pt, else ckpt.pt) or a direct file path."""
+    """A checkpoint from a run directory (best.pt, else the latest training checkpoint), a ckpt.dcp folder,
+    a sharded step folder or a .pt file."""
     path = Path(ckpt).expanduser()
     if path.is_dir():
-        for name in (BEST, LATEST):
-            if (path / name).is_file():
-                return path / name
-        raise UserError(f"no checkpoint in {path} (looked for {BEST} and {LATEST})",
-                        hint="point ckpt= at a run directory that finished at least one evaluation")
+        if (path / ".metadata").is_file():  # a sharded step folder itself
+            return path
+        found = sharded.committed(path.parent) if path.name == sharded.ROOT else None
+        found = found or ((path / BEST) if (path / BEST).is_file() else latest(path))
+        if found is None:
+            raise UserError(f"no checkpoint in {path} (looked for {BEST}, {LATEST} and {sharded.ROOT})",
+                            hint="point ckpt= at a run directory that finished at least one evaluation")
+        return found
     if not path.exists():
         raise UserError(f"checkpoint {path} does not exist", hint="ckpt= takes a run directory or a .pt file")
     return path
 
 
+def latest(run_dir: Path) -> Path | None:
+    """run_dir's latest training checkpoint: ckpt.pt or the committed sharded step folder (train.fsdp=true),
+    whichever was written last; None when there is neither."""
+    single, folder = run_dir / LATEST, sharded.committed(run_dir)
+    if folder is None:
+        return single if single.is_file() else None
+    if single.is_file() and single.stat().st_mtime > (run_dir / sharded.ROOT / sharded.POINTER).stat().st_mtime:
+        return single
+    return folder
+
+
+def run_dir_of(path: Path) -> Path:
+    """The run directory a resolved checkpoint belongs to (a sharded step folder sits two levels down)."""
+    return path.parent.parent if (path / ".metadata").is_file() else path.parent
+
+
 def load(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint safely: weights_only=True, so no pickled code ever runs."""
+    """Load a checkpoint safely (no pickled code ever runs): a .pt archive, or a sharded step folder whole."""
     path = Path(path)
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is damaged or foreign
-        raise UserError(f"{path} is not a readable checkpoint (not a torch archive)",
-                        hint="it may be truncated, empty or not a checkpoint at all")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line]
-        raise UserError(
-            f"{path} holds objects other than tensors and plain values; refusing to load it"
-            + (f" ({found[0]})" if found else ""),
-            hint="this loader never runs code from a file; re-save the checkpoint with tensors and plain values only",
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise UserError(f"{path} is not a readable checkpoint ({str(err).splitlines()[0]})",
-                        hint="it may be truncated or not a checkpoint at all") from None
+    if path.is_dir():
+            payload = sharded.load_full(path)
+    else:
+        payload = load_archive(path)
     if not isinstance(payload, dict) or "model" not in payload or "model_config" not in payload:
         raise UserError(f"{path} is not a checkpoint written by this framework (no model or model_config)")
     return payload

@@ -32,7 +32,7 @@ def default_out(ckpt: str) -> Path:
     """<run directory>/export for a checkpoint; other sources (an export, gpt2) need out= spelled out."""
     if ckpt in pretrained.GPT2_SIZES or hf.is_folder(ckpt) or pretrained.is_export(ckpt):
         raise UserError(f"ckpt={ckpt} is not a training run, so there is no default out=", hint="pass out=<folder>")
-    return checkpoint.resolve(ckpt).parent / "export"
+    return checkpoint.run_dir_of(checkpoint.resolve(ckpt)) / "export"
 
 
 def run(cfg: ExportConfig) -> None:

@@ -3,7 +3,9 @@ and the refusals of what it cannot do."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,30 @@ def losses(run_dir: Path) -> list[float]:
     return [e.value for e in events.Scalars("train/loss")]
 
 
+# Rank 0 is SIGKILLed as it is about to commit the step-6 save: every rank's shards of it are on disk, the
+# pointer still names step 3.
+KILL_BEFORE_COMMIT_AT_STEP_6 = """
+import os, signal
+import gpt.sharded_checkpoint as sharded
+_commit = sharded.commit
+def commit(run_dir, folder):
+    if folder.name.endswith("00000006"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    _commit(run_dir, folder)
+sharded.commit = commit
+"""
+
+
+def full_state(run_dir: Path) -> dict:
+    """A run's latest checkpoint as one payload of whole tensors (model and optimizer keyed by name)."""
+    from gpt import checkpoint, sharded_checkpoint
+
+    path = checkpoint.latest(run_dir)
+    if path.is_dir():
+        return sharded_checkpoint.load_full(path, optimizer=True)
+    return torch.load(path, weights_only=True)
+
+
 @pytest.mark.slow
 def test_fsdp_matches_ddp_resumes_exactly_combines_with_checkpointing_and_reads_ddp_checkpoints(data_args, tmp_path):
     run = lambda name, *args: torchrun(*data_args, f"out_dir={tmp_path / name}", *args, cwd=tmp_path)  # noqa: E731
@@ -54,11 +80,50 @@ def test_fsdp_matches_ddp_resumes_exactly_combines_with_checkpointing_and_reads_
     assert losses(tmp_path / "fsdp_resumed") == fsdp  # bitwise: the resumed FSDP run is the straight one
     assert losses(tmp_path / "fsdp_ac") == fsdp  # activation checkpointing inside FSDP changes no bit either
     assert losses(tmp_path / "ddp_then_fsdp") == pytest.approx(ddp, rel=0, abs=1e-5)
-    weights = {name: torch.load(tmp_path / name / "ckpt.pt", weights_only=True)["model"]
-               for name in ("ddp", "fsdp", "fsdp_resumed")}
-    for key, tensor in weights["fsdp"].items():  # a plain, whole checkpoint: export and generate read it
-        assert torch.equal(weights["fsdp_resumed"][key], tensor), key
-        torch.testing.assert_close(tensor, weights["ddp"][key], rtol=1e-4, atol=1e-6)
+    # FSDP runs save sharded (a DCP folder per step, one committed); the DDP checkpoint they resumed is replaced
+    assert not (tmp_path / "fsdp" / "ckpt.pt").exists() and not (tmp_path / "ddp_then_fsdp" / "ckpt.pt").exists()
+    assert [f.name for f in (tmp_path / "fsdp" / "ckpt.dcp").glob("step-*")] == ["step-00000006"]
+    states = {name: full_state(tmp_path / name) for name in ("ddp", "fsdp", "fsdp_resumed")}
+    for key, tensor in states["fsdp"]["model"].items():
+        assert torch.equal(states["fsdp_resumed"]["model"][key], tensor), key
+        torch.testing.assert_close(tensor, states["ddp"]["model"][key], rtol=1e-4, atol=1e-6)
+    for name, moments in states["fsdp"]["optimizer"]["state"].items():
+        for key, tensor in moments.items():
+            assert torch.equal(states["fsdp_resumed"]["optimizer"]["state"][name][key], tensor), (name, key)
+
+
+@pytest.mark.slow
+def test_a_sharded_save_killed_before_its_commit_resumes_exactly_and_consolidates(data_args, tmp_path):
+    from gpt import sharded_checkpoint
+    from gpt.pretrained import load_model
+
+    common = [*RUN, *data_args, "train.max_iters=6", "train.fsdp=true"]
+    straight = conftest.torchrun(SCRIPT, *common, f"out_dir={tmp_path / 'straight'}", cwd=tmp_path)
+    assert straight.returncode == 0, conftest.failure_output(straight)
+    killed = conftest.torchrun(SCRIPT, *common, f"out_dir={tmp_path / 'run'}", cwd=tmp_path,
+                               fault=KILL_BEFORE_COMMIT_AT_STEP_6)
+    assert killed.returncode != 0
+    run_dir = tmp_path / "run"
+    assert (run_dir / "ckpt.dcp" / "latest").read_text() == "step-00000003"
+    assert (run_dir / "ckpt.dcp" / "step-00000006" / ".metadata").is_file()  # written, never committed
+    resumed = conftest.torchrun(SCRIPT, *common, f"out_dir={run_dir}", "resume=true", cwd=tmp_path)
+    assert resumed.returncode == 0, conftest.failure_output(resumed)
+    assert "resumed from" in resumed.stdout and "step-00000003 at step 3" in resumed.stdout
+    assert losses(run_dir) == losses(tmp_path / "straight")
+    sharded, reference = full_state(run_dir), full_state(tmp_path / "straight")
+    for key, tensor in reference["model"].items():
+        assert torch.equal(sharded["model"][key], tensor), key
+
+    # one file from the shards: resumable without FSDP; generate, export and eval read either form
+    consolidated = subprocess.run([sys.executable, "-m", "gpt.consolidate", str(run_dir)], cwd=ROOT,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert consolidated.returncode == 0, consolidated.stderr
+    single = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    assert single["step"] == 6 and set(single["optimizer"]["state"]) == set(sharded["optimizer"]["state"])
+    model, _ = load_model(run_dir / "ckpt.dcp")
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(single["model"][key], tensor), key
+    assert sharded_checkpoint.committed(run_dir).name == "step-00000006"
 
 
 @pytest.mark.parametrize("change, message", [

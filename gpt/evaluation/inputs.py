@@ -19,6 +19,10 @@ def recorded_data_dir(ckpt: str) -> Path | None:
     if ckpt in pretrained.GPT2_SIZES or pretrained.is_export(ckpt):
         return None
     path = checkpoint.resolve(ckpt)
+    if path.is_dir():  # a sharded step folder: the config is in its meta.pt
+        from gpt.sharded_checkpoint import META
+
+        path = path / META
     payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     data = (payload.get("config") or {}).get("data") if isinstance(payload, dict) else None
     if not isinstance(data, dict) or "name" not in data:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -134,12 +135,53 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     if not is_sharded(model):
         return optimizer.state_dict()
     if not optimizer.state:  # before the first step: get_optimizer_state_dict would take a step of zeros to make one
-        names = {id(p): name for name, p in model.named_parameters()}
-        return {"state": {}, "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
-                                               "params": [names[id(p)] for p in group["params"]]}
-                                              for group in optimizer.param_groups]}
+        return {"state": {}, "param_groups": named_param_groups(model, optimizer)}
     return get_optimizer_state_dict(model, optimizer,
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The optimizer's hyperparameters per group, its parameters given by name."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [{**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+            for group in optimizer.param_groups]
+
+
+def sharded_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """This rank's part of every model and optimizer tensor, flat-keyed as gpt.sharded_checkpoint stores them
+    (``model.<name>``, ``optim.state.<name>.<key>``); no optimizer entries before its first step."""
+    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX
+
+    tensors = {MODEL_PREFIX + name: t for name, t in get_model_state_dict(model).items()}
+    if optimizer.state:
+        for name, state in get_optimizer_state_dict(model, optimizer)["state"].items():
+            tensors.update({f"{OPTIM_PREFIX}{name}.{key}": t for key, t in state.items()})
+    return tensors
+
+
+def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str,
+                 param_groups: list[dict[str, Any]]) -> None:
+    """Every rank reads its part of a sharded checkpoint into the model and the optimizer (any world size, with
+    or without FSDP: DCP reshards). An optimizer saved before its first step keeps its fresh state."""
+    import torch.distributed.checkpoint as dcp
+
+    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, tensor_shapes
+
+    with_optimizer = bool(tensor_shapes(Path(folder), OPTIM_PREFIX))
+    if with_optimizer and not optimizer.state:
+        get_optimizer_state_dict(model, optimizer)  # creates the state tensors (a zero step) that DCP fills in
+    tensors = sharded_tensors(model, optimizer)
+    if not with_optimizer:
+        tensors = {k: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+    dcp.load(tensors, checkpoint_id=folder)
+    set_model_state_dict(model, {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)})
+    if with_optimizer:
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, t in tensors.items():
+            if name.startswith(OPTIM_PREFIX):
+                param, key = name[len(OPTIM_PREFIX):].rsplit(".", 1)
+                state.setdefault(param, {})[key] = t
+        set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": param_groups})
 
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

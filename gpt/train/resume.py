@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gpt import checkpoint
+from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
 from gpt.errors import UserError
 
@@ -36,15 +37,15 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     model has another shape, or whose tokenizer is not the data's, is refused, naming what differs. Other
     changed settings are logged.
     """
-    path = run_dir / checkpoint.LATEST
-    if not path.exists():
+    path = checkpoint.latest(run_dir)
+    if path is None:
         if resume:
             log(f"resume=true but {run_dir} holds no {checkpoint.LATEST} yet: starting from step 0")
         return None
     if not resume:
-        raise UserError(f"{run_dir} already holds a checkpoint ({checkpoint.LATEST}) from an earlier run",
+        raise UserError(f"{run_dir} already holds a checkpoint ({path.relative_to(run_dir)}) from an earlier run",
                         hint="pass resume=true to continue it, or choose another out_dir")
-    state = checkpoint.load(path)
+    state = checkpoint.load(path) if path.is_file() else sharded_state(path)
     missing = [k for k in TRAINING_ENTRIES if k not in state]
     if missing:
         raise UserError(f"{path} holds no training state ({', '.join(missing)} missing), so it cannot be resumed",
@@ -58,11 +59,25 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
                         f"({_describe(tokenizer)})", hint="resume with the data.* settings the run was trained with")
     checkpoint.read_model(state, path)
     check_training_entries(state, path)
+    if "sharded" in state:
+        del state["model"]  # its shapes are checked; every rank reads its own part of the tensors
     before, now = flatten(state.get("config", {})), flatten(config)
     changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
     if changed:
         log("note: resuming with changed settings: " + "; ".join(changed))
+    return state
+
+
+def sharded_state(folder: Path) -> dict[str, Any]:
+    """A sharded step folder's training entries (meta.pt) with its model tensors' names and shapes (on the meta
+    device: checked like a whole checkpoint's, read later by every rank) and the folder to read them from."""
+    state = checkpoint.load_archive(folder / sharded.META)
+    if not isinstance(state, dict):
+        raise UserError(f"{folder / sharded.META} is not a checkpoint written by this framework")
+    state["model"] = {name: torch.empty(size, dtype=dtype, device="meta")
+                      for name, (size, dtype) in sharded.tensor_shapes(folder, sharded.MODEL_PREFIX).items()}
+    state["sharded"] = str(folder)
     return state
 
 
@@ -112,6 +127,7 @@ def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
         raise UserError(f"out_dir {str(run_dir)!r} cannot be written: {err.strerror or err}",
                         hint="choose another out_dir=, a folder you can write to") from None
     lock.remove_stale_temporaries()
+    sharded.remove_uncommitted(run_dir)  # step folders of a save cut short
     return state
 
 

@@ -2,23 +2,27 @@
 
 Model, optimizer, gradient scaler, counters, the data position (the sampler that draws the training
 windows) and every random generator of each process: restoring all of it makes a resumed run bitwise
-identical to an uninterrupted one on CPU. The Checkpointer writes it (ckpt.pt) and the best model
-(best.pt) from rank 0, with every rank taking part.
+identical to an uninterrupted one on CPU. The Checkpointer writes it (ckpt.pt from rank 0, or with FSDP a
+sharded folder every rank writes its part of: gpt.sharded_checkpoint) and the best model (best.pt) from rank 0.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from gpt import checkpoint
+from gpt import sharded_checkpoint as sharded
+from gpt.checkpoint import BEST
 from gpt.config import GPTConfig
 from gpt.data.sampler import Sampler
 from gpt.errors import UserError
@@ -67,15 +71,19 @@ class TrainState:
         self.skipped = 0  # non-finite steps skipped so far
         self.last_eval: dict[str, float] = {}  # the latest evaluation's losses by split
 
-    def state_dict(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
-        """The training entries of a checkpoint; ``rngs`` holds every rank's RNG states, in rank order."""
+    def state_dict(self, rngs: list[dict[str, Any]], sharded: bool = False) -> dict[str, Any]:
+        """The training entries of a checkpoint; ``rngs`` holds every rank's RNG states, in rank order.
+
+        ``sharded``: the optimizer's tensors are saved apart (gpt.sharded_checkpoint); only its groups are here."""
+        optimizer = ({"state": {}, "param_groups": parallelize.named_param_groups(self.model, self.optimizer)}
+                     if sharded else parallelize.optimizer_state(self.model, self.optimizer))
         return {
             "step": self.step,
             "best_val_loss": self.best_val_loss,
             "evaluated": self.evaluated,
             "eval": self.last_eval,
             "skipped": self.skipped,
-            "optimizer": parallelize.optimizer_state(self.model, self.optimizer),
+            "optimizer": optimizer,
             "scaler": self.scaler.state_dict(),
             "rng": rngs,
             "data": self.sampler.state_dict(),
@@ -84,8 +92,12 @@ class TrainState:
 
     def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None]) -> None:
         """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks)."""
-        parallelize.load_model_state(self.model, payload["model"])
-        parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
+        if "sharded" in payload:  # a sharded checkpoint's step folder: every rank reads its part
+            parallelize.load_sharded(self.model, self.optimizer, payload["sharded"],
+                                     payload["optimizer"]["param_groups"])
+        else:
+            parallelize.load_model_state(self.model, payload["model"])
+            parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
         if payload["scaler"]:
             self.scaler.load_state_dict(payload["scaler"])
         self.sampler.load_state_dict(payload["data"])
@@ -109,22 +121,70 @@ class Checkpointer:
 
     @property
     def latest(self) -> Path:
-        return self.run_dir / checkpoint.LATEST
+        """The latest checkpoint written: ckpt.pt, or the committed sharded step folder."""
+        return checkpoint.latest(self.run_dir) or self.run_dir / checkpoint.LATEST
 
     def save(self, state: TrainState, best: bool) -> None:
-        """Checkpoint ``state``; every rank calls this (RNG states are gathered) and all see a failure."""
+        """Checkpoint ``state``; every rank calls this (RNG states are gathered) and all see a failure.
+
+        A sharded model (FSDP) is saved sharded, each rank writing its part (gpt.sharded_checkpoint); otherwise
+        rank 0 writes ckpt.pt. Either one replaces the other kind, so a run directory holds one latest state."""
         rngs = distributed.gather(rng_state(), self.ranks)
-        weights, training = parallelize.model_state(state.model), state.state_dict(rngs)  # FSDP: every rank gathers
+        if parallelize.is_sharded(state.model):
+            self._save_sharded(state, rngs)
+        else:
+            weights, training = state.model.state_dict(), state.state_dict(rngs)
+            self._main_writes(lambda: self._write(self.latest, weights, state, training, other=sharded.ROOT))
+        if best:
+            weights = parallelize.model_state(state.model)  # FSDP: every rank takes part in gathering it
+            self._main_writes(lambda: checkpoint.save(self._model_entries(weights, state), self.run_dir / BEST))
+
+    def _save_sharded(self, state: TrainState, rngs: list[dict[str, Any]]) -> None:
+        """DCP writes every rank's shards into a fresh step folder; rank 0 adds meta.pt and commits it."""
+        folder = sharded.step_folder(self.run_dir, state.step)
+        self._main_writes(lambda: _fresh_folder(folder))  # a save of this step cut short may have left one
+        try:
+            dcp.save(parallelize.sharded_tensors(state.model, state.optimizer), checkpoint_id=str(folder))
+        except Exception as err:  # DCP gathers every rank's write result: all ranks see the failure
+            raise AbortRun(f"could not write the sharded checkpoint {folder}: {str(err).splitlines()[0][:200]}",
+                           hint=f"the previous checkpoint ({sharded.ROOT}/{sharded.POINTER}) is unchanged; "
+                                "free disk space or pick another out_dir") from None
+        training = state.state_dict(rngs, sharded=True)
+        self._main_writes(lambda: self._write(folder / sharded.META, None, state, training, other=checkpoint.LATEST,
+                                              commit=folder))
+
+    def _write(self, path: Path, weights: dict[str, torch.Tensor] | None, state: TrainState,
+               training: dict[str, Any], other: str, commit: Path | None = None) -> None:
+        """Rank 0: write a checkpoint file (and commit a sharded folder), then delete the other kind's checkpoint."""
+        payload = {**self._model_entries(weights, state), **training}
+        if weights is None:
+            del payload["model"]
+        checkpoint.save(payload, path)
+        if commit is not None:
+            sharded.commit(self.run_dir, commit)
+        other_path = self.run_dir / other
+        if other_path.is_dir():
+            shutil.rmtree(other_path, ignore_errors=True)
+        else:
+            other_path.unlink(missing_ok=True)
+
+    def _model_entries(self, weights: dict[str, torch.Tensor] | None, state: TrainState) -> dict[str, Any]:
+        return {**checkpoint.model_entries(weights, self.model_config, self.tokenizer),
+                "step": state.step, "best_val_loss": state.best_val_loss, "config": self.run_config}
+
+    def _main_writes(self, write: Callable[[], None]) -> None:
+        """Run ``write`` on rank 0; a UserError there stops every rank (the broadcast is also a barrier)."""
         error = None
         if self.ranks.is_main:
-            model = {**checkpoint.model_entries(weights, self.model_config, self.tokenizer),
-                     "step": state.step, "best_val_loss": state.best_val_loss, "config": self.run_config}
             try:
-                checkpoint.save({**model, **training}, self.latest)
-                if best:
-                    checkpoint.save(model, self.run_dir / checkpoint.BEST)
+                write()
             except UserError as err:
                 error = AbortRun(str(err), err.hint)
         error = distributed.broadcast(error, self.ranks)
         if error is not None:
             raise error
+
+
+def _fresh_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)

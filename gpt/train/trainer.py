@@ -106,7 +106,7 @@ class Trainer:
         self.state = build.initial_state(self.config, run, self.data, precision, device, ranks)
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
-            log(f"resumed from {run_dir / checkpoint.LATEST} at step {self.state.step}")
+            log(f"resumed from {resume_from.get('sharded') or run_dir / checkpoint.LATEST} at step {self.state.step}")
         elif init_weights is not None:
             parallelize.load_model_state(self.state.model, init_weights)
         del resume_from, init_weights
