@@ -74,12 +74,16 @@ def test_fsdp_matches_ddp_resumes_exactly_combines_with_checkpointing_and_reads_
     run("fsdp_ac", "train.max_iters=6", "train.fsdp=true", "train.activation_checkpointing=true")
     run("ddp_then_fsdp", "train.max_iters=3")
     run("ddp_then_fsdp", "train.max_iters=6", "train.fsdp=true", "resume=true")
+    run("fsdp_then_ddp", "train.max_iters=3", "train.fsdp=true")
+    run("fsdp_then_ddp", "train.max_iters=6", "resume=true")  # DCP reshards the saved shards into whole tensors
 
     ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
     assert len(ddp) == 6 and fsdp == pytest.approx(ddp, rel=0, abs=1e-5)
     assert losses(tmp_path / "fsdp_resumed") == fsdp  # bitwise: the resumed FSDP run is the straight one
     assert losses(tmp_path / "fsdp_ac") == fsdp  # activation checkpointing inside FSDP changes no bit either
     assert losses(tmp_path / "ddp_then_fsdp") == pytest.approx(ddp, rel=0, abs=1e-5)
+    assert losses(tmp_path / "fsdp_then_ddp") == pytest.approx(ddp, rel=0, abs=1e-5)
+    assert (tmp_path / "fsdp_then_ddp" / "ckpt.pt").is_file() and not (tmp_path / "fsdp_then_ddp" / "ckpt.dcp").exists()
     # FSDP runs save sharded (a DCP folder per step, one committed); the DDP checkpoint they resumed is replaced
     assert not (tmp_path / "fsdp" / "ckpt.pt").exists() and not (tmp_path / "ddp_then_fsdp" / "ckpt.pt").exists()
     assert [f.name for f in (tmp_path / "fsdp" / "ckpt.dcp").glob("step-*")] == ["step-00000006"]

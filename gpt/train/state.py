@@ -134,7 +134,8 @@ class Checkpointer:
             self._save_sharded(state, rngs)
         else:
             weights, training = state.model.state_dict(), state.state_dict(rngs)
-            self._main_writes(lambda: self._write(self.latest, weights, state, training, other=sharded.ROOT))
+            self._main_writes(lambda: self._write(self.run_dir / checkpoint.LATEST, weights, state, training,
+                                                  other=sharded.ROOT))
         if best:
             weights = parallelize.model_state(state.model)  # FSDP: every rank takes part in gathering it
             self._main_writes(lambda: checkpoint.save(self._model_entries(weights, state), self.run_dir / BEST))
