@@ -146,6 +146,22 @@ def test_prepare_with_the_gpt2_tokenizer(text_dir, tmp_path):
     assert data.tokenizer.decode(val[:-1]) == (text_dir / "mod09.py").read_text()
 
 
+@needs_gpt2
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_batch_encoder_gives_encode_ordinary_ids_and_an_end_of_text_per_finished_document(threads):
+    from gpt.data.encode import GPT2Encoder
+
+    tokenizer = GPT2Tokenizer()
+    texts = ["def f():\n    return 'héllo'  # ✓", "literal <|endoftext|> is text here", "", "x" * 5000,
+             "a lone surrogate \ud800 from a JSON escape", "the first piece of a cut document"]
+    ends = [True, True, True, True, True, False]
+    expected = []
+    for text, end in zip(texts, ends):
+        expected += tokenizer.encoding.encode_ordinary(text) + ([50256] if end else [])
+    ids = GPT2Encoder(tokenizer, threads).encode(texts, ends)
+    assert ids.dtype == np.uint32 and ids.tolist() == expected
+
+
 def test_unreachable_gpt2_encoding_says_how_to_provide_it(monkeypatch):
     import tiktoken
 

@@ -1,14 +1,15 @@
 """From documents to token ids: the train/validation split by whole documents, and batch encoders.
 
 The GPT-2 encoder ends every document with <|endoftext|> (id 50256) and encodes a batch of documents on
-``num_threads`` threads (tiktoken releases the GIL). The character encoder joins documents with nothing
-between them, as this framework always has (a character vocabulary has no end-of-text symbol), and maps
-code points through a lookup table.
+``num_threads`` threads (tiktoken releases the GIL) straight into numpy arrays. The character encoder
+joins documents with nothing between them, as this framework always has (a character vocabulary has no
+end-of-text symbol), and maps code points through a lookup table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 
 import numpy as np
@@ -79,20 +80,30 @@ class CharEncoder:
 
 
 class GPT2Encoder:
-    """GPT-2 BPE of a batch of documents on several threads, <|endoftext|> after each document's end."""
+    """GPT-2 BPE of a batch of documents on ``num_threads`` threads, <|endoftext|> after each document's end.
+
+    Each document goes through tiktoken's ``encode_to_numpy`` (its Rust encoder releases the GIL and hands back
+    a uint32 buffer: no Python int per token), which gives encode_ordinary's ids: no special token is parsed."""
 
     def __init__(self, tokenizer: tok.GPT2Tokenizer, num_threads: int) -> None:
-        self.encoding, self.eot, self.num_threads = tokenizer.encoding, tokenizer.eot_token, num_threads
+        self.encoding, self.num_threads = tokenizer.encoding, num_threads
+        self.eot = np.array([tokenizer.eot_token], dtype=np.uint32)
+        self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="bpe") if num_threads > 1 else None
+
+    def encode_one(self, text: str) -> np.ndarray:
+        try:
+            return self.encoding.encode_to_numpy(text, disallowed_special=())
+        except UnicodeEncodeError:  # a lone surrogate (a JSON escape): encode_ordinary substitutes it
+            return np.asarray(self.encoding.encode_ordinary(text), dtype=np.uint32)
 
     def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
-        if self.num_threads > 1 and len(texts) > 1:
-            encoded = self.encoding.encode_ordinary_batch(texts, num_threads=self.num_threads)
+        if self.pool is not None and len(texts) > 1:
+            chunk = max(1, len(texts) // (8 * self.num_threads))  # small chunks: documents differ in length
+            arrays = list(self.pool.map(self.encode_one, texts, chunksize=chunk))
         else:
-            encoded = [self.encoding.encode_ordinary(t) for t in texts]
-        eot = [self.eot]
-        pieces = [piece for ids, end in zip(encoded, ends) for piece in ((ids, eot) if end else (ids,))]
-        count = sum(len(p) for p in pieces)
-        return np.fromiter(chain.from_iterable(pieces), dtype=np.int64, count=count)
+            arrays = [self.encode_one(t) for t in texts]
+        pieces = [piece for ids, end in zip(arrays, ends) for piece in ((ids, self.eot) if end else (ids,))]
+        return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
 
 
 def make_encoder(tokenizer: tok.Tokenizer, num_threads: int) -> CharEncoder | GPT2Encoder:

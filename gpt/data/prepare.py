@@ -1,7 +1,8 @@
 """Turn a corpus into data/<name>/: fixed-size token shards per split plus meta.json describing them.
 
 Documents stream from the source (memory does not grow with the corpus), are split into train and
-validation by whole documents, encoded in batches on ``data.num_proc`` threads and appended to shards
+validation by whole documents, encoded in batches on ``data.num_proc`` threads (while the next batch is
+read) and appended to shards
 of ``data.shard_tokens`` tokens in a staging folder. A checkpoint after every completed shard lets an
 interrupted preparation continue from there; the finished folder replaces the old one only once complete.
 One process prepares a data set at a time (gpt.data.lock); gpt.data.meta checks a prepared folder when opened.
@@ -23,14 +24,17 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpt import tokenizer as tok
 from gpt.checkpoint import atomic_write
 from gpt.data.config import DataConfig
-from gpt.data.encode import every_kth, make_encoder, route, text_bytes
+from gpt.data.encode import CharEncoder, GPT2Encoder, every_kth, make_encoder, route, text_bytes
 from gpt.data.hf import hf_source
 from gpt.data.lock import preparation_lock, signals_deferred, sigterm_interrupts
 from gpt.data.meta import FORMAT_VERSION, SPLITS, check_meta, read_meta, token_dtype  # noqa: F401
@@ -201,40 +205,31 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
     if start:
         log(f"continuing an interrupted preparation after {start:,} documents "
             f"({sum(len(w.shards) for w in writers.values())} shard files done)")
-    encoder = make_encoder(tokenizer, cfg.num_proc or os.cpu_count() or 1)
-    progress = Progress(source.total, log, done=start)
-    batch: dict[str, tuple[list[str], list[bool]]] = {s: ([], []) for s in SPLITS}
-    size, index = 0, start - 1
 
-    def flush() -> None:
-        nonlocal size
-        done = tokens = 0
-        for split, (texts, ends) in batch.items():
-            if texts:
-                ids = encoder.encode(texts, ends)
-                writers[split].append(ids.astype(dtype))
-                stats[split]["bytes"] += sum(text_bytes(t) for t in texts)
-                stats[split]["documents"] += sum(ends)
-                done, tokens = done + sum(ends), tokens + ids.size
-            texts.clear(), ends.clear()
-        size = 0
-        progress.update(done, tokens)
-        if any(w.completed for w in writers.values()) and index + 1 >= every_kth(cfg.val_fraction):
-            save_progress(staging, {"key": key, "documents_read": index + 1, "empty": empty, "stats": stats,
+    def written(read: tuple[int, int]) -> None:  # after each batch: a checkpoint once a shard is complete
+        if any(w.completed for w in writers.values()) and read[0] >= every_kth(cfg.val_fraction):
+            save_progress(staging, {"key": key, "documents_read": read[0], "empty": read[1], "stats": stats,
                                     "writers": {s: w.state() for s, w in writers.items()}})
 
-    for index, split, text, end in route(  # noqa: B007 (index is read by the checkpoint closure above)
-            islice(source.documents(), start, None), cfg.val_fraction, start):
-        if not text:
-            empty += end
-            continue
-        batch[split][0].append(text)
-        batch[split][1].append(end)
-        size += len(text)
-        if size >= BATCH_CHARS or len(batch[split][0]) >= BATCH_DOCS:
-            flush()
-    flush()
-    progress.close()
+    pipeline = BatchPipeline(make_encoder(tokenizer, cfg.num_proc or os.cpu_count() or 1), writers, stats,
+                             Progress(source.total, log, done=start), written)
+    batch: dict[str, tuple[list[str], list[bool]]] = {s: ([], []) for s in SPLITS}
+    size, index = 0, start - 1
+    try:
+        for index, split, text, end in route(islice(source.documents(), start, None), cfg.val_fraction, start):
+            if not text:
+                empty += end
+                continue
+            batch[split][0].append(text)
+            batch[split][1].append(end)
+            size += len(text)
+            if size >= BATCH_CHARS or len(batch[split][0]) >= BATCH_DOCS:
+                pipeline.submit(batch, (index + 1, empty))
+                batch, size = {s: ([], []) for s in SPLITS}, 0
+        pipeline.submit(batch, (index + 1, empty))
+        pipeline.finish()
+    finally:
+        pipeline.stop()
     if not stats["train"]["documents"] and not stats["val"]["documents"]:
         raise UserError(f"{source.description} holds only empty files or documents",
                         hint="point the data source at files with text in them")
@@ -246,6 +241,50 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
     return {"version": FORMAT_VERSION, "tokenizer": tokenizer.to_meta(), "dtype": dtype.name, "splits": splits,
             "source": {"kind": source.kind, "description": source.description, "fingerprint": source.fingerprint(),
                        "settings": settings(cfg), "documents": index + 1, "empty_documents": empty}}
+
+
+class BatchPipeline:
+    """Encodes a batch of documents on a background thread while the main thread reads the next batch from
+    the source, and appends the batches to the shard writers in order (one batch in flight at a time)."""
+
+    def __init__(self, encoder: CharEncoder | GPT2Encoder, writers: dict[str, ShardWriter],
+                 stats: dict[str, dict[str, int]], progress: Progress,
+                 written: Callable[[tuple[int, int]], None]) -> None:
+        self.encoder, self.writers, self.stats, self.progress, self.written = encoder, writers, stats, progress, written
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="encode")
+        self.pending: tuple[Future, tuple[int, int]] | None = None
+
+    def submit(self, batch: dict[str, tuple[list[str], list[bool]]], read: tuple[int, int]) -> None:
+        """Start encoding ``batch``, then write the previous batch while this one encodes. ``read``: the documents
+        read from the source and the empty ones among them once ``batch`` is written (its resume point)."""
+        future = self.thread.submit(self._encode, {s: job for s, job in batch.items() if job[0]})
+        self._write_pending()
+        self.pending = (future, read)
+
+    def _encode(self, jobs: dict[str, tuple[list[str], list[bool]]]) -> dict[str, tuple[np.ndarray, int, int]]:
+        return {split: (self.encoder.encode(texts, ends), sum(text_bytes(t) for t in texts), sum(ends))
+                for split, (texts, ends) in jobs.items()}
+
+    def _write_pending(self) -> None:
+        if self.pending is None:
+            return
+        (future, read), self.pending = self.pending, None
+        documents = tokens = 0
+        for split, (ids, n_bytes, n_documents) in future.result().items():
+            self.writers[split].append(ids.astype(self.writers[split].dtype))
+            self.stats[split]["bytes"] += n_bytes
+            self.stats[split]["documents"] += n_documents
+            documents, tokens = documents + n_documents, tokens + ids.size
+        self.progress.update(documents, tokens)
+        self.written(read)
+
+    def finish(self) -> None:
+        """Write the batch still in flight and close the progress display."""
+        self._write_pending()
+        self.progress.close()
+
+    def stop(self) -> None:
+        self.thread.shutdown(wait=False, cancel_futures=True)
 
 
 def save_progress(staging: Path, progress: dict[str, Any]) -> None:
