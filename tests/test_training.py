@@ -332,3 +332,15 @@ def test_a_second_process_cannot_write_into_a_run_that_is_still_training(data_ar
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert not list((run_dir / ".hydra").glob("resume-*"))  # the refused resume recorded nothing
+
+
+def test_a_wall_clock_budget_ends_the_run_normally_with_a_last_evaluation_and_checkpoint(data_args, tmp_path):
+    run_dir = tmp_path / "run"
+    budget = [a for a in RUN if not a.startswith("train.max_iters")] + ["train.max_iters=100000",
+                                                                        "train.max_seconds=0.001"]
+    result = train(*budget, *data_args, f"out_dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    assert "train.max_seconds=0.001 reached after step 1 of 100000" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == 1 and not summary["interrupted"] and math.isfinite(summary["final_val_loss"])
+    assert load(run_dir)["step"] == 1 and load(run_dir)["evaluated"]

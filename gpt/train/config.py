@@ -40,6 +40,7 @@ class TrainConfig:
     skip_nonfinite: int = 0  # steps with a NaN/Inf loss or gradient norm that may be skipped before stopping
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory, ~1/3 slower)
     fsdp: bool = False  # under torchrun: shard weights, gradients and AdamW state over the processes (FSDP2)
+    max_seconds: Optional[float] = None  # wall-clock budget of this launch: then evaluate, save and finish early
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
@@ -49,6 +50,7 @@ class TrainConfig:
         self._check("learning_rate", lambda v: math.isfinite(v) and v > 0, "positive")
         self._check("min_lr", lambda v: v is None or 0 <= v <= self.learning_rate, "in [0, train.learning_rate]")
         self._check("lr_decay_iters", lambda v: v is None or v > 0, "positive or null")
+        self._check("max_seconds", lambda v: v is None or (math.isfinite(v) and v > 0), "positive or null")
         for name in ("weight_decay", "grad_clip"):
             self._check(name, lambda v: math.isfinite(v) and v >= 0, "non-negative")
         for name in ("beta1", "beta2"):

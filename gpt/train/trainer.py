@@ -79,6 +79,7 @@ class StepResult:
     grad_norm: float  # before clipping
     lr: float
     signalled: bool  # a stop signal reached some rank
+    out_of_time: bool = False  # train.max_seconds has passed on some rank
 
 
 class Trainer:
@@ -103,6 +104,7 @@ class Trainer:
         resume_from = self._on_main(
             lambda: open_run_dir(run_dir, run.resume, self.config, tokenizer, self.run_config, lock, log))
         self.resumed = resume_from is not None
+        self.out_of_time = False  # train.max_seconds passed (agreed by all ranks at the last step)
         self.state = build.initial_state(self.config, run, self.data, precision, device, ranks)
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
@@ -142,10 +144,11 @@ class Trainer:
                 while True:
                     if self.evaluation_due():
                         self.evaluate()
-                    if self.state.step >= self.cfg.max_iters:
+                    if self.state.step >= self.cfg.max_iters or self.out_of_time:
                         break
                     result = self.train_step(signals)
                     self.report(result)
+                    self.out_of_time = result.out_of_time
                     if result.signalled:
                         interrupted_by = signals.received or "a signal on another rank"
                         self.checkpointer.save(self.state, best=False)
@@ -169,7 +172,8 @@ class Trainer:
 
     def evaluation_due(self) -> bool:
         step = self.state.step
-        return (step % self.cfg.eval_interval == 0 or step == self.cfg.max_iters) and not self.state.evaluated
+        due = step % self.cfg.eval_interval == 0 or step == self.cfg.max_iters or self.out_of_time
+        return due and not self.state.evaluated
 
     def evaluate(self) -> None:
         """Both splits' losses; TensorBoard samples; a checkpoint (best.pt too when val improved)."""
@@ -207,7 +211,7 @@ class Trainer:
             loss_sum += self.forward_backward(last=micro == self.cfg.grad_accum - 1)
         state.scaler.unscale_(state.optimizer)
         grad_norm = parallelize.clip_grad_norm_(list(state.model.parameters()), self.cfg.grad_clip or math.inf)
-        result, nonfinite = self.agree(loss_sum, grad_norm, signals.received is not None, lr)
+        result, nonfinite = self.agree(loss_sum, grad_norm, signals.received is not None, self.time_is_up(), lr)
         if nonfinite:
             self.skip_update(result)
         else:
@@ -243,17 +247,24 @@ class Trainer:
         """This rank's windows of the next micro-batch, as the sampler hands them out (disjoint across ranks)."""
         return self.data.windows("train", self.state.sampler.next(), self.config.block_size, self.device)
 
-    def agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, signal_received: bool,
+    def time_is_up(self) -> bool:
+        """Whether train.max_seconds (counted from this launch's start) has passed."""
+        return self.cfg.max_seconds is not None and time.time() - self.started >= self.cfg.max_seconds
+
+    def agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, signal_received: bool, time_up: bool,
               lr: float) -> tuple[StepResult, bool]:
-        """One all-reduce (and one host sync) per step: mean loss, any non-finite value, any stop signal."""
+        """One all-reduce (and one host sync) per step: mean loss, any non-finite value, any stop signal, the
+        time budget (any rank's clock)."""
         nonfinite = ~torch.isfinite(loss_sum)
         if self.precision != "fp16":  # with fp16 the GradScaler skips overflowing gradients itself
             nonfinite |= ~torch.isfinite(grad_norm)
-        stats = torch.stack([loss_sum / self.cfg.grad_accum, nonfinite.float(),
-                             torch.tensor(float(signal_received), device=self.device)])
+        stats = torch.cat([(loss_sum / self.cfg.grad_accum).reshape(1), nonfinite.float().reshape(1),
+                           torch.tensor([float(signal_received), float(time_up)], device=self.device)])
         distributed.all_reduce_sum(stats, self.ranks)
-        loss, nonfinite_count, signal_count, norm = torch.cat([stats, grad_norm.reshape(1).float()]).tolist()
-        return StepResult(loss / self.ranks.world_size, norm, lr, signal_count > 0), nonfinite_count > 0
+        loss, nonfinite_count, signal_count, time_count, norm = torch.cat(
+            [stats, grad_norm.reshape(1).float()]).tolist()
+        return (StepResult(loss / self.ranks.world_size, norm, lr, signal_count > 0, time_count > 0),
+                nonfinite_count > 0)
 
     def skip_update(self, result: StepResult) -> None:
         """Drop a step whose loss or gradient is not finite, or stop once train.skip_nonfinite are used up."""
@@ -302,6 +313,9 @@ class Trainer:
         self.records.close(summary, {"overrides": overrides, "attention": self.config.attention,
                                      "device": str(self.device), "precision": self.precision,
                                      "world_size": self.ranks.world_size})
+        if self.out_of_time:
+            self.records.log(f"train.max_seconds={self.cfg.max_seconds:g} reached after step {state.step} "
+                             f"of {self.cfg.max_iters}")
         if interrupted_by is not None:
             self.records.log(f"stopped by {interrupted_by} after step {state.step}; checkpoint saved: {summary.ckpt}\n"
                              f"resume with: {resume}")
