@@ -5,11 +5,19 @@ import csv
 import math
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import ROOT, run_script
 from gpt import GPT, GPTConfig
-from gpt.bench.arena import ArenaConfig, kv_bytes_per_token, parse_variant, variant_name, variant_runs
+from gpt.bench.arena import (
+    ArenaConfig,
+    kv_bytes_per_token,
+    last_layer_map,
+    parse_variant,
+    variant_name,
+    variant_runs,
+)
 from gpt.errors import ConfigError
 from gpt.schema import register, typed
 
@@ -43,6 +51,10 @@ def test_every_variant_gets_the_same_tokens_seed_and_batch():
         assert run.out_dir == f"/tmp/x/{name}"
     assert runs["alibi"].model.pos_embedding == "alibi" and runs["gpt2"].model.pos_embedding == "learned"
     assert runs["block_size=64_rope"].train.max_iters == math.ceil(100_000 / (16 * 64))
+    assert all(run.train.max_seconds is None for run in runs.values())
+    timed = dict(variant_runs(arena_config("arena.seconds=30", "arena.tokens=100000", "device=cpu")))
+    assert all(run.train.max_seconds == 30 and run.train.max_iters == math.ceil(100_000 / (16 * 128))
+               for run in timed.values())  # equal time; the token budget stays the cap and the schedule's length
 
 
 @pytest.mark.parametrize("override, message", [
@@ -53,6 +65,7 @@ def test_every_variant_gets_the_same_tokens_seed_and_batch():
     ("arena.variants=[rope,rope]", "names a variant twice"),
     ("arena.variants=[]", "arena.variants is empty"),
     ("arena.tokens=0", "arena.tokens must be positive"),
+    ("arena.seconds=0", "arena.seconds must be positive"),
 ])
 def test_bad_arena_settings_are_refused_before_anything_runs(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -63,6 +76,16 @@ def test_kv_bytes_per_token_counts_only_key_value_heads_and_the_window_ring():
     small = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=11)
     assert kv_bytes_per_token(GPT(GPTConfig(**small)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k and v, fp32
     assert kv_bytes_per_token(GPT(GPTConfig(**small, n_kv_head=1)).eval(), "cpu") == 2 * 3 * 1 * 8 * 4
+
+
+def test_the_side_by_side_map_is_the_last_layers_causal_attention_averaged_over_heads():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=11)).eval()
+    ids = [1, 5, 3, 3, 7, 2, 9, 0]
+    rows = torch.tensor(last_layer_map(model, ids, torch.device("cpu")))
+    assert rows.shape == (8, 8)
+    torch.testing.assert_close(rows.sum(-1), torch.ones(8))  # each query's weights sum to one ...
+    assert torch.count_nonzero(torch.triu(rows, diagonal=1)) == 0  # ... over the keys up to itself
 
 
 @pytest.mark.slow
@@ -85,5 +108,6 @@ def test_quick_arena_trains_scores_and_reports_each_variant(tmp_path, data_args)
     assert len(curve) >= 4 and float(curve[-1]["val"]) < float(curve[0]["val"])
     assert "| rank | variant | params | val loss | val bits/byte |" in (out / "arena.md").read_text()
     assert (out / "arena_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "arena_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run_script("arena", "arena.quick=true", "arena.variants=[gpt2]", "device=cpu", f"out_dir={out}", *data_args)
     assert again.returncode == 2 and "already holds a run" in again.stderr

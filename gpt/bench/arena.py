@@ -39,6 +39,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
+MAP_TOKENS = 32  # tokens of the validation text whose attention maps are drawn side by side
 QUICK_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)  # arena.quick: seconds per variant
 
 
@@ -48,6 +49,7 @@ class ArenaSettings:
 
     variants: list[str] = field(default_factory=lambda: ["gpt2", "rope", "alibi", "qk_norm", "softcap", "sink"])
     tokens: int = 1_000_000  # training tokens per variant (max_iters = tokens / tokens per step, rounded up)
+    seconds: Optional[float] = None  # or equal time: each variant trains this long (tokens stays the cap)
     quick: bool = False  # a tiny model (QUICK_MODEL), at most 16k tokens, 4 short evaluations: a smoke test
     eval_tokens: Optional[int] = None  # score the first eval_tokens of the val split (None: all of it)
     curve_points: int = 8  # evaluations during training: the points of the loss-against-tokens plot
@@ -56,7 +58,7 @@ class ArenaSettings:
 
     def __post_init__(self) -> None:
         check_positive(self, "tokens", "curve_points", "decode_tokens", "timeout_s", prefix="arena.")
-        check_positive(self, "eval_tokens", optional=True, prefix="arena.")
+        check_positive(self, "eval_tokens", "seconds", optional=True, prefix="arena.")
         if not self.variants:
             raise ConfigError("arena.variants is empty", hint="e.g. arena.variants=[gpt2,rope,alibi]")
         for spec in self.variants:
@@ -129,6 +131,7 @@ def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
         points = min(cfg.arena.curve_points, 4) if cfg.arena.quick else cfg.arena.curve_points
         train = replace(cfg.train, max_iters=steps, eval_interval=max(1, steps // points),
                         warmup_iters=min(cfg.train.warmup_iters, steps // 10), lr_decay_iters=None,
+                        max_seconds=cfg.arena.seconds,
                         eval_iters=min(cfg.train.eval_iters, 2) if cfg.arena.quick else cfg.train.eval_iters)
         name = variant_name(spec)
         runs.append((name, RunConfig(model=model, attention=AttentionConfig(model.attention, model.attention_backend),
@@ -195,6 +198,7 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     from gpt.evaluation.heldout import full_pass
     from gpt.pretrained import load_model
     from gpt.train.trainer import train
+    from gpt.visualize import token_labels
 
     started = time.time()
     summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py")
@@ -207,6 +211,7 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     held = full_pass(model, val, tokenizer, block_size=model.config.block_size, batch_size=run.train.batch_size,
                      device=device, autocast=autocast(device, resolve_precision(run.precision, device)))
     tokens_per_step = run.train.batch_size * run.train.grad_accum * model.config.block_size
+    prompt = val[:min(model.config.block_size, MAP_TOKENS)].tolist()
     return {
         "params": model.num_params(non_embedding=False), "steps": summary.step, "tokens": summary.tokens,
         "val_loss": held.loss, "val_bpb": held.bpb, "val_tokens": held.tokens,
@@ -214,7 +219,16 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
         "kv_bytes_per_token": kv_bytes_per_token(model, device),
         "decode_tok_s": decode_rate(model, decode_tokens, device), "train_s": summary.wall_s,
         "curve": loss_curve(Path(run.out_dir), tokens_per_step, started),
+        "attention": last_layer_map(model, prompt, device), "map_labels": token_labels(tokenizer, prompt),
     }
+
+
+def last_layer_map(model: torch.nn.Module, ids: list[int], device: torch.device) -> list[list[float]]:
+    """The last layer's attention weights on ``ids``, averaged over its heads (T x T), for the side-by-side picture."""
+    from gpt.visualize import attention_maps
+
+    maps = attention_maps(model, torch.tensor([ids], device=device))  # (layers, heads, T, T)
+    return maps[-1].float().mean(0).tolist()
 
 
 def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -267,6 +281,12 @@ def header(cfg: ArenaConfig, rows: list[dict[str, Any]]) -> str:
     scored = next((r["val_tokens"] for r in rows if "val_tokens" in r), None)
     return (f"Base model: {model['n_layer']} layers, {model['n_head']} heads, {model['n_embd']} wide, context "
             f"{model['block_size']}; data {cfg.data.name}; seed {cfg.seed}; batch {cfg.train.batch_size} x "
-            f"{cfg.train.grad_accum}; budget {budget(cfg):,} training tokens per variant; held-out: "
+            f"{cfg.train.grad_accum}; budget {budget_text(cfg)} per variant; held-out: "
             + (f"{scored:,} val tokens scored" if scored else f"first {eval_tokens(cfg) or 'all'} val tokens")
             + " (full pass, every target once).")
+
+
+def budget_text(cfg: ArenaConfig) -> str:
+    if cfg.arena.seconds is None:
+        return f"{budget(cfg):,} training tokens"
+    return f"{cfg.arena.seconds:g} s of training (at most {budget(cfg):,} tokens)"

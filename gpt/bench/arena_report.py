@@ -1,5 +1,6 @@
 """The arena's outputs in out_dir: arena.md (the leaderboard), arena.csv (one row per variant, every figure),
-arena_curves.csv (the loss curves) and arena_loss.png (validation loss against training tokens and seconds)."""
+arena_curves.csv (the loss curves), arena_loss.png (validation loss against training tokens and seconds) and
+arena_attention.png (each variant's last-layer attention on the same validation text, side by side)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,30 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_attention(rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per variant: its last layer's attention weights (heads averaged) on the same tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [row for row in rows if row.get("attention")]
+    if not shown:
+        return
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown) + 0.4, 3.2), squeeze=False)
+    for ax, row in zip(axes[0], shown):
+        ax.imshow(row["attention"], cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(row["variant"], fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    axes[0][0].set_ylabel("query (token of the val text)", fontsize=7)
+    axes[0][0].set_xlabel("key", fontsize=7)
+    fig.suptitle("last layer's attention, heads averaged, on the first validation tokens", fontsize=9)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), what="the arena's attention picture")
+    plt.close(fig)
+
+
 def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], log: Callable[[str], None]) -> None:
     """arena.md (heading, then the leaderboard), arena.csv, arena_curves.csv and arena_loss.png in ``out``;
     the leaderboard on the console too."""
@@ -71,4 +96,5 @@ def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], log: Call
     points = [{"variant": r["variant"], **p} for r in rows for p in r.get("curve") or []]
     write_csv(out / "arena_curves.csv", ["variant", "tokens", "seconds", "train", "val"], points, "the loss curves")
     plot(rows, out / "arena_loss.png")
-    log(f"\n{text}\nwritten: {out / 'arena.md'}, arena.csv, arena_curves.csv, arena_loss.png")
+    plot_attention(rows, out / "arena_attention.png")
+    log(f"\n{text}\nwritten: {out / 'arena.md'}, arena.csv, arena_curves.csv, arena_loss.png, arena_attention.png")
