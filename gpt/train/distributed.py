@@ -87,7 +87,7 @@ def run_worker(entry: Callable[[], Any]) -> NoReturn:
 
     torch 2.13's gloo backend can deadlock when its process group is destroyed: the destructor, holding the
     GIL, waits for a gloo thread that needs the GIL to free the tensors of the last collective (seen here in
-    about 1 of 15 two-process CPU runs, which then never exit). So a worker never destroys the group: once
+    2 of 28 two-process CPU runs, which then never exited). So a worker never destroys the group: once
     its output is flushed it leaves the group, its sockets and its threads to the operating system. Nothing
     is lost: every file this project writes is complete and synced before it is renamed into place.
     """
