@@ -36,6 +36,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qk_norm": {"qk_norm": True},
     "softcap": {"attn_softcap": 15.0, "attention": "manual"},  # soft-capping needs a kernel that forms the scores
     "sink": {"attn_sink": True, "attention": "manual"},
+    "diff": {"diff_attn": True},  # differential attention: two softmax maps per head, the second subtracted
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
@@ -46,7 +47,8 @@ QUICK_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)  # arena.quick
 class ArenaSettings:
     """The ``arena`` node: which variants, on what budget, and how much of the evaluation to run."""
 
-    variants: list[str] = field(default_factory=lambda: ["gpt2", "rope", "alibi", "qk_norm", "softcap", "sink"])
+    variants: list[str] = field(default_factory=lambda: ["gpt2", "rope", "alibi", "qk_norm", "softcap", "sink",
+                                                                   "diff"])
     tokens: int = 1_000_000  # training tokens per variant (max_iters = tokens / tokens per step, rounded up)
     quick: bool = False  # a tiny model (QUICK_MODEL), at most 16k tokens, 4 short evaluations: a smoke test
     eval_tokens: Optional[int] = None  # score the first eval_tokens of the val split (None: all of it)
