@@ -190,3 +190,14 @@ def test_a_differential_model_trains_and_resumes_exactly(tmp_path, data_args):
     assert not torch.equal(first["transformer.h.1.attn.lambda_q2"], straight["transformer.h.1.attn.lambda_q2"])
     for name, value in straight.items():
         assert torch.equal(resumed[name], value), name
+
+
+def test_attention_pictures_show_each_layers_differential_map():
+    from gpt.visualize import attention_maps
+
+    model = perturbed_model({}, "sdpa")
+    maps = attention_maps(model, torch.arange(10)[None])  # w1 - lambda * w2 per layer: rows sum to 1 - lambda
+    assert maps.shape == (3, 4, 10, 10) and torch.all(maps.triu(1) == 0)
+    for layer, block in enumerate(model.transformer.h):
+        lam = float(block.attn.diff_lambda().detach())
+        torch.testing.assert_close(maps[layer].sum(-1), torch.full((4, 10), 1 - lam), atol=1e-5, rtol=0)

@@ -37,6 +37,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "softcap": {"attn_softcap": 15.0, "attention": "manual"},  # soft-capping needs a kernel that forms the scores
     "sink": {"attn_sink": True, "attention": "manual"},
     "diff": {"diff_attn": True},  # differential attention: two softmax maps per head, the second subtracted
+    "linear": {"linear_attn": "elu1"},  # causal linear attention: a running state instead of a KV cache
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
@@ -170,7 +171,7 @@ def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
     cache = KVCache(model.config, batch_size=1, device=device)
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache)
-    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.k, layer.v))
+    held = sum(layer.held_bytes() for layer in cache.layers)  # linear attention: its fixed state, over block_size
     return held / cache.size
 
 
