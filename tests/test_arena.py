@@ -65,6 +65,8 @@ def test_kv_bytes_per_token_counts_only_key_value_heads_and_the_window_ring():
     assert kv_bytes_per_token(GPT(GPTConfig(**small)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k and v, fp32
     assert kv_bytes_per_token(GPT(GPTConfig(**small, n_kv_head=1)).eval(), "cpu") == 2 * 3 * 1 * 8 * 4
     assert kv_bytes_per_token(GPT(GPTConfig(**small, diff_attn=True)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k whole
+    linear = GPT(GPTConfig(**small, linear_attn="elu1")).eval()  # a fixed state per layer: S (4, 8, 8) and z (4, 8)
+    assert kv_bytes_per_token(linear, "cpu") == 3 * 4 * (8 * 8 + 8) * 4 / 16  # over block_size tokens
 
 
 @pytest.mark.slow

@@ -165,7 +165,8 @@ def loss_curve(run_dir: Path, tokens_per_step: int, started: float) -> list[dict
 
 def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
     """Bytes the KV cache holds per cached token: every layer's keys and values (n_kv_head heads), measured on a
-    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context."""
+    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context;
+    linear attention holds a fixed state (counted here over block_size tokens, what a full context costs)."""
     from gpt.kv_cache import KVCache
 
     cache = KVCache(model.config, batch_size=1, device=device)
