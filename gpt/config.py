@@ -15,6 +15,7 @@ from gpt import attention
 from gpt.errors import ConfigError
 
 POS_EMBEDDINGS = ("learned", "rope", "alibi")
+LINEAR_FEATURES = ("elu1",)  # feature maps of model.linear_attn (gpt.attention.linear)
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
@@ -37,6 +38,8 @@ class GPTConfig:
     qk_norm: bool = False  # RMS-normalise each head's queries and keys (learned gains) before the dot product
     attn_softcap: Optional[float] = None  # Gemma 2: scores -> cap * tanh(scores / cap); None = no cap
     attn_sink: bool = False  # a learned sink logit per head joins every softmax (the weight may go nowhere)
+    diff_attn: bool = False  # Diff Transformer: two softmax maps from the halves of q and k, the second subtracted
+    linear_attn: Optional[str] = None  # causal linear attention with this feature map (elu1); None = softmax
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew.
@@ -92,13 +95,46 @@ class GPTConfig:
 
     def _check_variants(self) -> None:
         """The attention variants' own values (which kernels can compute them is checked with the others)."""
-        for name in ("qk_norm", "attn_sink"):
+        for name in ("qk_norm", "attn_sink", "diff_attn"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         cap = self.attn_softcap
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
             raise ConfigError(f"model.attn_softcap must be a positive number or null, got {cap!r}",
                               hint="Gemma 2 uses 50.0; null turns the cap off")
+        if self.diff_attn:  # q and k split in halves of head_dim/2; with rope each half is rotated on its own
+            rope = self.pos_embedding == "rope"
+            need = 4 if rope else 2
+            if self.head_dim % need != 0:
+                raise ConfigError(
+                    f"model.diff_attn=true needs a head dimension (n_embd/n_head) divisible by {need}, got "
+                    f"{self.head_dim}: it splits each head's queries and keys in two halves"
+                    + (", and pos_embedding=rope rotates each half" if rope else ""),
+                    hint="change model.n_head or model.n_embd, or set model.diff_attn=false")
+        self._check_linear()
+
+    def _check_linear(self) -> None:
+        """Causal linear attention has no scores and no softmax: refuse what acts on them, naming it."""
+        if self.linear_attn is None:
+            return
+        if self.linear_attn not in LINEAR_FEATURES:
+            raise ConfigError(f"model.linear_attn must be one of {', '.join(LINEAR_FEATURES)} or null, "
+                              f"got {self.linear_attn!r}",
+                              hint="model.linear_attn=elu1 (phi(x) = elu(x) + 1), or model.linear_attn=null (softmax)")
+        no_scores = "linear attention forms no softmax scores"
+        clashes = {  # setting -> (whether it is set, why linear attention cannot have it)
+            "model.window": (self.window is not None, "its running state sums every earlier token"),
+            f"model.pos_embedding={self.pos_embedding}": (
+                self.pos_embedding != "learned",
+                "rotations or score biases do not survive the feature map; use pos_embedding=learned"),
+            "model.attn_softcap": (self.attn_softcap is not None, no_scores),
+            "model.attn_sink": (self.attn_sink, no_scores),
+            "model.diff_attn": (self.diff_attn, "differential attention subtracts two softmax maps"),
+        }
+        for setting, (clash, why) in clashes.items():
+            if clash:
+                raise ConfigError(f"model.linear_attn={self.linear_attn} cannot be combined with {setting}: {why}",
+                                  hint=f"unset {setting.split('=')[0]}, or set model.linear_attn=null")
 
     def _variant_options(self) -> dict[str, tuple[str, str]]:
         """The kernel options (registry EXTENSIONS) the score variants need: option -> (setting, fix)."""
@@ -114,6 +150,11 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def qk_dim(self) -> int:
+        """Features of one query or key as the kernel sees it: a head's, or half of it with diff_attn."""
+        return self.head_dim // 2 if self.diff_attn else self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

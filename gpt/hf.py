@@ -65,6 +65,8 @@ def check_representable(config: GPTConfig) -> None:
         "qk_norm": (config.qk_norm, "normalised queries and keys (QK-norm)"),
         "attn_softcap": (config.attn_softcap is not None, "soft-capped attention scores"),
         "attn_sink": (config.attn_sink, "a sink logit per attention head"),
+        "diff_attn": (config.diff_attn, "differential attention (two softmax maps per head, one subtracted)"),
+        "linear_attn": (config.linear_attn is not None, "causal linear attention (a feature map, no softmax)"),
     }
     for name, (unrepresentable, what) in options.items():
         if unrepresentable:

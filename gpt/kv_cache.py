@@ -5,7 +5,8 @@ query models cache only their n_kv_head heads. A sliding-window model keeps only
 keys in a ring buffer (slot = position % window): a one-token step may attend to all of them, so their
 order does not matter. Each layer's LayerKV holds its own two buffers and nothing else; the KVCache
 keeps what the layers share (how many tokens were seen, which of them are real) and the model passes
-it down.
+it down. A model with causal linear attention (model.linear_attn) keeps no keys at all: each layer's
+LinearState holds the running sums (S, z) of gpt.attention.linear, the same size at any context length.
 """
 
 from __future__ import annotations
@@ -55,6 +56,21 @@ class LayerKV:
         filled = min(start + k.size(2), self.size)
         return self.k[:, :, :filled], self.v[:, :, :filled]
 
+    def held_bytes(self) -> int:
+        """Bytes of the buffers (allocated for every slot at the first update)."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+class LinearState:
+    """One layer's linear-attention state: S (B, Hkv, D, Dv) and z (B, Hkv, D), the sums over every token so far."""
+
+    def __init__(self) -> None:
+        self.state: tuple[Tensor, Tensor] | None = None
+
+    def held_bytes(self) -> int:
+        """Bytes of the state: constant once the prompt is in, whatever the length."""
+        return sum(t.numel() * t.element_size() for t in self.state) if self.state is not None else 0
+
 
 class KVCache:
     """Keys and values of every layer for a batch of sequences of up to block_size tokens, and which are real."""
@@ -67,7 +83,8 @@ class KVCache:
         self.length = 0  # tokens seen so far (positions in the padded batch)
         self.key_mask = torch.ones(batch_size, self.size, dtype=torch.bool, device=device)  # False: left padding
         self.padded = False  # whether the prompt was left-padded (else the kernels get no mask at all)
-        self.layers = [LayerKV(self.size) for _ in range(config.n_layer)]
+        linear = config.linear_attn is not None
+        self.layers = [LinearState() if linear else LayerKV(self.size) for _ in range(config.n_layer)]
 
     def step(self, n: int, key_mask: Tensor | None) -> tuple[Tensor | None, int | None]:
         """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).

@@ -4,7 +4,9 @@ Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c
 map one to one. The attention formula itself lives in gpt.attention; this file only shapes the tensors.
 Options beyond GPT-2 (config): fewer key/value heads (n_kv_head), a sliding window, rotary position
 embeddings or ALiBi score biases instead of the learned wpe table (pos_embedding=rope|alibi), and the
-attention variants QK-norm (qk_norm), logit soft-capping (attn_softcap) and a sink logit per head (attn_sink).
+attention variants QK-norm (qk_norm), logit soft-capping (attn_softcap), a sink logit per head (attn_sink) and
+differential attention (diff_attn: two softmax maps from the halves of q and k, the second one subtracted),
+and causal linear attention (linear_attn: a feature map instead of the softmax, decoded from a running state).
 The model knows nothing of training, devices or sampling strategy.
 """
 
@@ -19,9 +21,10 @@ from torch import Tensor
 
 from gpt import attention
 from gpt.attention.alibi import alibi_bias
+from gpt.attention.linear import causal_linear_attention
 from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
-from gpt.kv_cache import KVCache, LayerKV
+from gpt.kv_cache import KVCache, LayerKV, LinearState
 
 
 class CausalSelfAttention(nn.Module):
@@ -30,9 +33,12 @@ class CausalSelfAttention(nn.Module):
     With n_kv_head < n_head (grouped-query attention) c_attn projects to fewer key/value heads:
     (n_head + 2 * n_kv_head) * head_dim outputs. With pos_embedding=rope, q and k are rotated here; with
     qk_norm they are first RMS-normalised per head. Soft-cap, ALiBi bias and sink go to the kernel's scores.
+    With diff_attn (Diff Transformer) each head's q and k are two halves, each normalised, rotated and given to the
+    kernel on its own; ``layer`` (0-based) sets that layer's lambda_init. With linear_attn no kernel is used:
+    gpt.attention.linear computes it, and the cache keeps its running state instead of keys and values.
     """
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head
@@ -43,10 +49,18 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kernel = attention.get(config.attention, config.attention_backend)
-        self.q_norm = nn.RMSNorm(config.head_dim, eps=1e-6) if config.qk_norm else None  # a gain per feature
-        self.k_norm = nn.RMSNorm(config.head_dim, eps=1e-6) if config.qk_norm else None
+        self.q_norm = nn.RMSNorm(config.qk_dim, eps=1e-6) if config.qk_norm else None  # a gain per feature
+        self.k_norm = nn.RMSNorm(config.qk_dim, eps=1e-6) if config.qk_norm else None
         self.softcap = config.attn_softcap
         self.sink = nn.Parameter(torch.zeros(config.n_head)) if config.attn_sink else None  # (nh,) logits
+        self.linear = config.linear_attn  # a feature map name, or None (softmax attention through the kernel)
+        self.linear_kernel = causal_linear_attention  # an attribute, so gpt.attention.recording can swap it
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer) if config.diff_attn else None  # the paper's schedule
+        if config.diff_attn:  # lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init; the paper's init N(0, 0.1^2)
+            half = config.head_dim // 2
+            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+                nn.Parameter(torch.randn(half) * 0.1) for _ in range(4))  # (hs/2,) each
+            self.subln = nn.RMSNorm(config.head_dim, eps=1e-5)  # per head over its hs features, gain shared by heads
 
     def forward(
         self,
@@ -54,7 +68,7 @@ class CausalSelfAttention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         key_mask: Tensor | None = None,
         window: int | None = None,
-        cache: LayerKV | None = None,
+        cache: LayerKV | LinearState | None = None,
         start: int = 0,
         alibi: Tensor | None = None,
     ) -> Tensor:
@@ -70,18 +84,57 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:  # QK-norm: every head's q and k to unit RMS over head_dim, times a gain
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None:
-            k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        dropout_p = self.dropout if self.training else 0.0
-        variants = self.score_variants(alibi)  # soft-cap, ALiBi bias, sink: only those in use
-        y = self.kernel(q, k, v, causal=True, mask=mask, window=window, dropout_p=dropout_p, **variants)  # (B,nh,T,hs)
+        q, k = self.norm_and_rotate(q, self.q_norm, rope), self.norm_and_rotate(k, self.k_norm, rope)
+        if self.linear is not None:  # no kernel and no keys kept: a running state (gpt.attention.linear)
+            y = self.linear_attention(q, k, v, cache, key_mask)  # (B, nh, T, hs)
+        else:
+            if cache is not None:
+                k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
+            mask = None if key_mask is None else key_mask[:, None, None, :]
+            dropout_p = self.dropout if self.training else 0.0
+            variants = self.score_variants(alibi)  # soft-cap, ALiBi bias, sink: only those in use
+            kwargs = dict(causal=True, mask=mask, window=window, dropout_p=dropout_p, **variants)
+            y = self.kernel(q, k, v, **kwargs) if self.lambda_init is None else self.differential(q, k, v, kwargs)
+        # y: (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def norm_and_rotate(self, x: Tensor, norm: nn.RMSNorm | None, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        """QK-norm (every head's q or k to unit RMS, times a gain), then RoPE; with diff_attn on each half of the
+        head's features by itself (each half is a query or key of its own). x: (B, heads, T, hs)."""
+        parts = x.chunk(2, dim=-1) if self.lambda_init is not None else (x,)  # (B, heads, T, hs or hs/2) each
+        out = []
+        for part in parts:
+            if norm is not None:
+                part = norm(part)
+            if rope is not None:
+                part = apply_rope(part, *rope)
+            out.append(part)
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+    def differential(self, q: Tensor, k: Tensor, v: Tensor, kwargs: dict) -> Tensor:
+        """Diff Transformer: softmax(q1 k1^T s) v - lambda softmax(q2 k2^T s) v, s = 1/sqrt(hs/2), each map through the
+        kernel; then RMS-normalised per head, times 1 - lambda_init. q (B, nh, T, hs); k, v (B, nkv, Tk, hs)."""
+        (q1, q2), (k1, k2) = q.chunk(2, dim=-1), k.chunk(2, dim=-1)  # (B, heads, T, hs/2) each
+        a1 = self.kernel(q1, k1, v, **kwargs)  # (B, nh, T, hs): the values keep their full width
+        a2 = self.kernel(q2, k2, v, **kwargs)
+        y = a1 - self.diff_lambda().to(a1.dtype) * a2
+        return self.subln(y) * (1.0 - self.lambda_init)
+
+    def diff_lambda(self) -> Tensor:
+        """diff_attn's lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init: a scalar per layer."""
+        return (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
+                - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init)
+
+    def linear_attention(self, q: Tensor, k: Tensor, v: Tensor, cache: LinearState | None,
+                         key_mask: Tensor | None) -> Tensor:
+        """Causal linear attention over these T tokens, after the running state the cache holds (which it updates).
+        q (B, nh, T, hs); k, v (B, nkv, T, hs); key_mask (B, >= T), its last T columns for these tokens."""
+        mask = None if key_mask is None else key_mask[:, -q.size(2):]  # (B, T): earlier keys are in the state
+        y, state = self.linear_kernel(q, k, v, self.linear, cache.state if cache is not None else None, mask)
+        if cache is not None:
+            cache.state = state
+        return y
 
     def score_variants(self, alibi: Tensor | None) -> dict[str, Tensor | float]:
         """The kernel keywords of the score variants in use: none for GPT-2, so any kernel can run it."""
@@ -112,10 +165,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -125,7 +178,7 @@ class Block(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         key_mask: Tensor | None = None,
         window: int | None = None,
-        cache: LayerKV | None = None,
+        cache: LayerKV | LinearState | None = None,
         start: int = 0,
         alibi: Tensor | None = None,
     ) -> Tensor:
@@ -144,7 +197,7 @@ class GPT(nn.Module):
         if config.pos_embedding == "learned":  # with rope (q and k) or alibi (scores) positions enter elsewhere
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.transformer.drop = nn.Dropout(config.dropout)
-        self.transformer.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.transformer.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
         self.transformer.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
@@ -197,7 +250,7 @@ class GPT(nn.Module):
         if self.config.pos_embedding == "learned":
             x = x + self.transformer.wpe(positions)
         elif self.config.pos_embedding == "rope":
-            cos, sin = rope_angles(positions, self.config.head_dim)  # computed once, used by every layer
+            cos, sin = rope_angles(positions, self.config.qk_dim)  # computed once, used by every layer
             rope = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])  # (B, 1, T, D/2)
         window = self.config.window
         if cache is not None:  # the cache's bookkeeping, once for all layers: which keys are real, what window

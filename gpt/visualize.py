@@ -38,7 +38,9 @@ class VisualizeConfig:
 
 @torch.no_grad()
 def attention_maps(model: GPT, idx: Tensor) -> Tensor:
-    """Attention weights of every layer and head for one sequence idx (1, T): (n_layer, n_head, T, T)."""
+    """Attention weights of every layer and head for one sequence idx (1, T): (n_layer, n_head, T, T).
+
+    With diff_attn, the differential map w1 - lambda * w2 of each layer (its weights may be negative)."""
     was_training = model.training
     model.eval()
     try:
@@ -46,6 +48,9 @@ def attention_maps(model: GPT, idx: Tensor) -> Tensor:
             model(idx)
     finally:
         model.train(was_training)
+    if model.config.diff_attn:  # two maps per layer, in order
+        lambdas = [block.attn.diff_lambda().float() for block in model.transformer.h]
+        recorded = [recorded[2 * i] - lam * recorded[2 * i + 1] for i, lam in enumerate(lambdas)]
     return torch.stack([weights[0] for weights in recorded]).cpu()
 
 

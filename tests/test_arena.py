@@ -32,6 +32,7 @@ def arena_config(*overrides: str) -> ArenaConfig:
 def test_variants_are_presets_and_model_overrides_joined_by_plus():
     assert parse_variant("gpt2") == {}
     assert parse_variant("rope+qk_norm") == {"pos_embedding": "rope", "qk_norm": True}
+    assert parse_variant("diff+rope") == {"diff_attn": True, "pos_embedding": "rope"}
     assert parse_variant("alibi+model.n_kv_head=1+model.window=16") == dict(pos_embedding="alibi", n_kv_head=1,
                                                                            window=16)
     assert parse_variant("model.attn_softcap=30.5+model.attention=manual") == dict(attn_softcap=30.5,
@@ -76,6 +77,9 @@ def test_kv_bytes_per_token_counts_only_key_value_heads_and_the_window_ring():
     small = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=11)
     assert kv_bytes_per_token(GPT(GPTConfig(**small)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k and v, fp32
     assert kv_bytes_per_token(GPT(GPTConfig(**small, n_kv_head=1)).eval(), "cpu") == 2 * 3 * 1 * 8 * 4
+    assert kv_bytes_per_token(GPT(GPTConfig(**small, diff_attn=True)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k whole
+    linear = GPT(GPTConfig(**small, linear_attn="elu1")).eval()  # a fixed state per layer: S (4, 8, 8) and z (4, 8)
+    assert kv_bytes_per_token(linear, "cpu") == 3 * 4 * (8 * 8 + 8) * 4 / 16  # over block_size tokens
 
 
 def test_the_side_by_side_map_is_the_last_layers_causal_attention_averaged_over_heads():

@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> None:
           "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here."
           "\nScore variants (model options that need them): softcap: logit soft-capping (model.attn_softcap);"
           "\nbias: an additive score bias (model.pos_embedding=alibi); sink: a sink logit per head (model.attn_sink)."
-          "\nmodel.qk_norm (QK-norm) and model.pos_embedding=rope act on q and k before the kernel: any kernel.")
+          "\nmodel.qk_norm (QK-norm) and model.pos_embedding=rope act on q and k before the kernel: any kernel."
+          "\nmodel.diff_attn (differential attention) calls the kernel twice, on the halves of q and k: any kernel."
+          "\nmodel.linear_attn=elu1 (causal linear attention) uses no kernel: gpt.attention.linear computes it.")
 
 
 if __name__ == "__main__":

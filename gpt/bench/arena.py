@@ -36,6 +36,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qk_norm": {"qk_norm": True},
     "softcap": {"attn_softcap": 15.0, "attention": "manual"},  # soft-capping needs a kernel that forms the scores
     "sink": {"attn_sink": True, "attention": "manual"},
+    "diff": {"diff_attn": True},  # differential attention: two softmax maps per head, the second subtracted
+    "linear": {"linear_attn": "elu1"},  # causal linear attention: a running state instead of a KV cache
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
@@ -47,7 +49,8 @@ QUICK_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)  # arena.quick
 class ArenaSettings:
     """The ``arena`` node: which variants, on what budget, and how much of the evaluation to run."""
 
-    variants: list[str] = field(default_factory=lambda: ["gpt2", "rope", "alibi", "qk_norm", "softcap", "sink"])
+    variants: list[str] = field(default_factory=lambda: ["gpt2", "rope", "alibi", "qk_norm", "softcap", "sink",
+                                                                   "diff"])
     tokens: int = 1_000_000  # training tokens per variant (max_iters = tokens / tokens per step, rounded up)
     seconds: Optional[float] = None  # or equal time: each variant trains this long (tokens stays the cap)
     quick: bool = False  # a tiny model (QUICK_MODEL), at most 16k tokens, 4 short evaluations: a smoke test
@@ -165,13 +168,14 @@ def loss_curve(run_dir: Path, tokens_per_step: int, started: float) -> list[dict
 
 def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
     """Bytes the KV cache holds per cached token: every layer's keys and values (n_kv_head heads), measured on a
-    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context."""
+    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context;
+    linear attention holds a fixed state (counted here over block_size tokens, what a full context costs)."""
     from gpt.kv_cache import KVCache
 
     cache = KVCache(model.config, batch_size=1, device=device)
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache)
-    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.k, layer.v))
+    held = sum(layer.held_bytes() for layer in cache.layers)  # linear attention: its fixed state, over block_size
     return held / cache.size
 
 
