@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from gpt.config import AttentionConfig, GPTConfig, ModelConfig
 from gpt.device import PRECISIONS
 from gpt.errors import ConfigError, check_positive
@@ -58,14 +60,13 @@ class Plan:
 
 
 def count_params(config: GPTConfig) -> tuple[int, int]:
-    """(all parameters, parameters of one Block), the tied token embedding counted once."""
-    c, v, kv = config.n_embd, config.vocab_size, config.n_kv_head * config.head_dim
-    bias = 1 if config.bias else 0
-    attn = c * (c + 2 * kv) + bias * (c + 2 * kv) + c * c + bias * c
-    mlp = 8 * c * c + bias * 5 * c
-    block = attn + mlp + 2 * (c + bias * c)  # + two LayerNorms
-    outside = v * c + (config.block_size * c if config.pos_embedding == "learned" else 0) + c + bias * c
-    return outside + config.n_layer * block, block
+    """(all parameters, parameters of one Block), the tied token embedding counted once: the model itself, built
+    on the meta device (no memory), so every variant's extra parameters (QK-norm gains, sinks, lambdas) count."""
+    from gpt.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.transformer.h[0].parameters())
 
 
 def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
