@@ -63,24 +63,30 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_attention(rows: list[dict[str, Any]], path: Path) -> None:
-    """One panel per variant: its last layer's attention weights (heads averaged) on the same tokens."""
+    """One panel per variant (four to a row): its last layer's attention weights, heads averaged, on the same
+    tokens; one colour scale for all (a square-root scale, so that small weights show; negative ones as 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import PowerNorm
 
     shown = [row for row in rows if row.get("attention")]
     if not shown:
         return
-    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown) + 0.4, 3.2), squeeze=False)
-    for ax, row in zip(axes[0], shown):
-        ax.imshow(row["attention"], cmap="viridis", vmin=0.0, vmax=1.0)
-        ax.set_title(row["variant"], fontsize=8)
+    columns = min(4, len(shown))
+    rows_n = -(-len(shown) // columns)
+    fig, axes = plt.subplots(rows_n, columns, figsize=(2.8 * columns + 0.4, 2.9 * rows_n + 0.5), squeeze=False)
+    for ax in axes.flat[len(shown):]:
+        ax.axis("off")
+    for ax, row in zip(axes.flat, shown):
+        ax.imshow(row["attention"], cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0))
+        ax.set_title(row["variant"], fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0][0].set_ylabel("query (token of the val text)", fontsize=7)
     axes[0][0].set_xlabel("key", fontsize=7)
-    fig.suptitle("last layer's attention, heads averaged, on the first validation tokens", fontsize=9)
+    fig.suptitle("last layer's attention, heads averaged, on the first validation tokens (sqrt scale)", fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), what="the arena's attention picture")
     plt.close(fig)
