@@ -71,8 +71,8 @@ class CausalSelfAttention(nn.Module):
             self.subln = nn.RMSNorm(config.head_dim, eps=1e-5)  # per head over its hs features, gain shared by heads
 
     def add_latent_projections(self, config: GPTConfig) -> None:
-        """MLA's projections (DeepSeek-V2 eqs. 9-10, 14-18; no query compression): d_c = mla_latent, d_R = mla_rope_dim.
-        """
+        """MLA's projections (DeepSeek-V2 eqs. 9-10, 14-18; no query compression), with d_c = model.mla_latent and
+        d_R = model.mla_rope_dim."""
         C, heads, d_c, d_r = config.n_embd, config.n_head * config.head_dim, config.mla_latent, config.mla_rope_dim
         assert d_c is not None and d_r is not None  # GPTConfig resolved them
         self.rope_dim = d_r
