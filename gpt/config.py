@@ -40,6 +40,8 @@ class GPTConfig:
     attn_sink: bool = False  # a learned sink logit per head joins every softmax (the weight may go nowhere)
     diff_attn: bool = False  # Diff Transformer: two softmax maps from the halves of q and k, the second subtracted
     linear_attn: Optional[str] = None  # causal linear attention with this feature map (elu1); None = softmax
+    mla_latent: Optional[int] = None  # multi-head latent attention: keys and values from a latent of this width
+    mla_rope_dim: Optional[int] = None  # MLA's decoupled rotary features per query and key; None = head_dim/2 (even)
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew.
@@ -111,7 +113,40 @@ class GPTConfig:
                     f"{self.head_dim}: it splits each head's queries and keys in two halves"
                     + (", and pos_embedding=rope rotates each half" if rope else ""),
                     hint="change model.n_head or model.n_embd, or set model.diff_attn=false")
+        self._check_latent()
         self._check_linear()
+
+    def _check_latent(self) -> None:
+        """Multi-head latent attention (DeepSeek-V2): its widths, and what it cannot be combined with, by name."""
+        if self.mla_latent is None:
+            if self.mla_rope_dim is not None:
+                raise ConfigError(f"model.mla_rope_dim={self.mla_rope_dim} is set but model.mla_latent is not",
+                                  hint="set model.mla_latent (the latent width), or model.mla_rope_dim=null")
+            return
+        latent = self.mla_latent
+        if isinstance(latent, bool) or not isinstance(latent, int) or latent <= 0:
+            raise ConfigError(f"model.mla_latent must be a positive integer or null, got {latent!r}",
+                              hint="DeepSeek-V2 uses 4 x head_dim; null turns multi-head latent attention off")
+        if self.mla_rope_dim is None:  # the paper's d_h^R = d_h / 2, kept even (RoPE rotates pairs)
+            self.mla_rope_dim = max(2, self.head_dim // 4 * 2)
+        rope = self.mla_rope_dim
+        if isinstance(rope, bool) or not isinstance(rope, int) or rope <= 0 or rope % 2 != 0:
+            raise ConfigError(f"model.mla_rope_dim must be a positive even integer, got {rope!r}",
+                              hint="RoPE rotates pairs of features; null picks head_dim/2")
+        clashes = {  # setting -> (whether it is set, why multi-head latent attention cannot have it)
+            f"model.pos_embedding={self.pos_embedding}": (
+                self.pos_embedding != "learned",
+                "MLA applies RoPE itself, to its decoupled query and key features (model.mla_rope_dim)"),
+            f"model.n_kv_head={self.n_kv_head}": (
+                self.n_kv_head != self.n_head, "every head's keys and values come from the one shared latent"),
+            "model.qk_norm": (self.qk_norm, "not implemented for keys up-projected from the latent"),
+            "model.diff_attn": (self.diff_attn, "differential attention splits the heads' queries and keys"),
+            "model.linear_attn": (self.linear_attn is not None, "linear attention keeps a state, not a latent"),
+        }
+        for setting, (clash, why) in clashes.items():
+            if clash:
+                raise ConfigError(f"model.mla_latent={latent} cannot be combined with {setting}: {why}",
+                                  hint=f"unset {setting.split('=')[0]}, or set model.mla_latent=null")
 
     def _check_linear(self) -> None:
         """Causal linear attention has no scores and no softmax: refuse what acts on them, naming it."""
@@ -155,6 +190,13 @@ class GPTConfig:
     def qk_dim(self) -> int:
         """Features of one query or key as the kernel sees it: a head's, or half of it with diff_attn."""
         return self.head_dim // 2 if self.diff_attn else self.head_dim
+
+    @property
+    def rope_dim(self) -> int | None:
+        """Features RoPE rotates per query and key: MLA's decoupled part, a head's (or half) with rope, else None."""
+        if self.mla_latent is not None:
+            return self.mla_rope_dim
+        return self.qk_dim if self.pos_embedding == "rope" else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

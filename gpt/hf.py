@@ -67,6 +67,8 @@ def check_representable(config: GPTConfig) -> None:
         "attn_sink": (config.attn_sink, "a sink logit per attention head"),
         "diff_attn": (config.diff_attn, "differential attention (two softmax maps per head, one subtracted)"),
         "linear_attn": (config.linear_attn is not None, "causal linear attention (a feature map, no softmax)"),
+        "mla_latent": (config.mla_latent is not None,
+                       "multi-head latent attention (keys and values up-projected from a shared latent)"),
     }
     for name, (unrepresentable, what) in options.items():
         if unrepresentable:

@@ -7,6 +7,8 @@ order does not matter. Each layer's LayerKV holds its own two buffers and nothin
 keeps what the layers share (how many tokens were seen, which of them are real) and the model passes
 it down. A model with causal linear attention (model.linear_attn) keeps no keys at all: each layer's
 LinearState holds the running sums (S, z) of gpt.attention.linear, the same size at any context length.
+A model with multi-head latent attention (model.mla_latent) keeps per token only the latent c_kv and the one
+rotated key part shared by the heads (LatentKV); each step up-projects them to the heads' keys and values.
 """
 
 from __future__ import annotations
@@ -61,6 +63,32 @@ class LayerKV:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
 
+class LatentKV:
+    """One layer's MLA latents: c_kv (B, size, d_c) and the rotated shared key part k_rope (B, size, d_R)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.c: Tensor | None = None
+        self.k_rope: Tensor | None = None
+
+    def update(self, c: Tensor, k_rope: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Store c (B, T, d_c) and k_rope (B, T, d_R) of positions start..start+T-1; return what these T queries
+        attend to, as LayerKV.update does (the prompt's own, later every slot filled so far)."""
+        if self.c is None or self.k_rope is None:
+            self.c = c.new_zeros(c.size(0), self.size, c.size(2))
+            self.k_rope = k_rope.new_zeros(k_rope.size(0), self.size, k_rope.size(2))
+        write(self.c, c, start, dim=1)
+        write(self.k_rope, k_rope, start, dim=1)
+        if start == 0:
+            return c, k_rope
+        filled = min(start + c.size(1), self.size)
+        return self.c[:, :filled], self.k_rope[:, :filled]
+
+    def held_bytes(self) -> int:
+        """Bytes of the buffers: (d_c + d_R) numbers per token, instead of 2 x n_head x head_dim."""
+        return sum(t.numel() * t.element_size() for t in (self.c, self.k_rope) if t is not None)
+
+
 class LinearState:
     """One layer's linear-attention state: S (B, Hkv, D, Dv) and z (B, Hkv, D), the sums over every token so far."""
 
@@ -83,8 +111,13 @@ class KVCache:
         self.length = 0  # tokens seen so far (positions in the padded batch)
         self.key_mask = torch.ones(batch_size, self.size, dtype=torch.bool, device=device)  # False: left padding
         self.padded = False  # whether the prompt was left-padded (else the kernels get no mask at all)
-        linear = config.linear_attn is not None
-        self.layers = [LinearState() if linear else LayerKV(self.size) for _ in range(config.n_layer)]
+        self.layers: list[LayerKV | LatentKV | LinearState] = [self._layer(config) for _ in range(config.n_layer)]
+
+    def _layer(self, config: GPTConfig) -> LayerKV | LatentKV | LinearState:
+        """What one layer keeps: keys and values, MLA's latents, or linear attention's running state."""
+        if config.linear_attn is not None:
+            return LinearState()
+        return LatentKV(self.size) if config.mla_latent is not None else LayerKV(self.size)
 
     def step(self, n: int, key_mask: Tensor | None) -> tuple[Tensor | None, int | None]:
         """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).

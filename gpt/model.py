@@ -6,7 +6,8 @@ Options beyond GPT-2 (config): fewer key/value heads (n_kv_head), a sliding wind
 embeddings or ALiBi score biases instead of the learned wpe table (pos_embedding=rope|alibi), and the
 attention variants QK-norm (qk_norm), logit soft-capping (attn_softcap), a sink logit per head (attn_sink) and
 differential attention (diff_attn: two softmax maps from the halves of q and k, the second one subtracted),
-and causal linear attention (linear_attn: a feature map instead of the softmax, decoded from a running state).
+causal linear attention (linear_attn: a feature map instead of the softmax, decoded from a running state), and
+multi-head latent attention (mla_latent: keys and values up-projected from a small cached latent, DeepSeek-V2).
 The model knows nothing of training, devices or sampling strategy.
 """
 
@@ -24,7 +25,9 @@ from gpt.attention.alibi import alibi_bias
 from gpt.attention.linear import causal_linear_attention
 from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
-from gpt.kv_cache import KVCache, LayerKV, LinearState
+from gpt.kv_cache import KVCache, LatentKV, LayerKV, LinearState
+
+LayerCache = LayerKV | LatentKV | LinearState  # what one layer keeps in a KVCache
 
 
 class CausalSelfAttention(nn.Module):
@@ -35,7 +38,8 @@ class CausalSelfAttention(nn.Module):
     qk_norm they are first RMS-normalised per head. Soft-cap, ALiBi bias and sink go to the kernel's scores.
     With diff_attn (Diff Transformer) each head's q and k are two halves, each normalised, rotated and given to the
     kernel on its own; ``layer`` (0-based) sets that layer's lambda_init. With linear_attn no kernel is used:
-    gpt.attention.linear computes it, and the cache keeps its running state instead of keys and values.
+    gpt.attention.linear computes it, and the cache keeps its running state instead of keys and values. With
+    mla_latent (multi-head latent attention) there is no c_attn: see latent_qkv.
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
@@ -44,8 +48,12 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.n_kv_head
         self.head_dim = config.head_dim
         self.dropout = config.dropout
-        qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
-        self.c_attn = nn.Linear(config.n_embd, qkv_dim, bias=config.bias)
+        self.latent = config.mla_latent  # None, or the width d_c of the latent keys and values come from
+        if self.latent is None:
+            qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
+            self.c_attn = nn.Linear(config.n_embd, qkv_dim, bias=config.bias)
+        else:
+            self.add_latent_projections(config)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kernel = attention.get(config.attention, config.attention_backend)
@@ -62,13 +70,26 @@ class CausalSelfAttention(nn.Module):
                 nn.Parameter(torch.randn(half) * 0.1) for _ in range(4))  # (hs/2,) each
             self.subln = nn.RMSNorm(config.head_dim, eps=1e-5)  # per head over its hs features, gain shared by heads
 
+    def add_latent_projections(self, config: GPTConfig) -> None:
+        """MLA's projections (DeepSeek-V2 eqs. 9-10, 14-18; no query compression), with d_c = model.mla_latent and
+        d_R = model.mla_rope_dim."""
+        C, heads, d_c, d_r = config.n_embd, config.n_head * config.head_dim, config.mla_latent, config.mla_rope_dim
+        assert d_c is not None and d_r is not None  # GPTConfig resolved them
+        self.rope_dim = d_r
+        self.query = nn.Linear(C, heads, bias=config.bias)  # W^Q: x -> q^C, head_dim per head
+        self.q_rope = nn.Linear(C, config.n_head * d_r, bias=config.bias)  # W^QR: x -> q^R, d_R per head
+        self.kv_down = nn.Linear(C, d_c, bias=config.bias)  # W^DKV: x -> c^KV, the latent the cache keeps
+        self.k_up = nn.Linear(d_c, heads, bias=config.bias)  # W^UK: c^KV -> k^C, head_dim per head
+        self.v_up = nn.Linear(d_c, heads, bias=config.bias)  # W^UV: c^KV -> v, head_dim per head
+        self.k_rope = nn.Linear(C, d_r, bias=config.bias)  # W^KR: x -> k^R, one d_R part shared by every head
+
     def forward(
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor] | None = None,
         key_mask: Tensor | None = None,
         window: int | None = None,
-        cache: LayerKV | LinearState | None = None,
+        cache: LayerCache | None = None,
         start: int = 0,
         alibi: Tensor | None = None,
     ) -> Tensor:
@@ -78,26 +99,55 @@ class CausalSelfAttention(nn.Module):
         With a cache, the new keys are stored and the queries attend to what it returns (key_mask covers those).
         """
         B, T, C = x.shape
-        kv_dim = self.n_kv_head * self.head_dim
-        q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
-        # (B, T, heads * head_dim) -> (B, heads, T, head_dim)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = self.norm_and_rotate(q, self.q_norm, rope), self.norm_and_rotate(k, self.k_norm, rope)
+        if self.latent is not None:  # k, v already cover every cached token
+            q, k, v = self.latent_qkv(x, rope, cache, start)  # (B, nh, T, hs + d_R), (B, nh, Tk, hs + d_R), (.., hs)
+        else:
+            kv_dim = self.n_kv_head * self.head_dim
+            q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+            # (B, T, heads * head_dim) -> (B, heads, T, head_dim)
+            q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            q, k = self.norm_and_rotate(q, self.q_norm, rope), self.norm_and_rotate(k, self.k_norm, rope)
+            if cache is not None and self.linear is None:
+                k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
         if self.linear is not None:  # no kernel and no keys kept: a running state (gpt.attention.linear)
             y = self.linear_attention(q, k, v, cache, key_mask)  # (B, nh, T, hs)
         else:
-            if cache is not None:
-                k, v = cache.update(k, v, start)  # (B, Hkv, Tk, D): the prompt's own keys, or every cached one
             mask = None if key_mask is None else key_mask[:, None, None, :]
             dropout_p = self.dropout if self.training else 0.0
             variants = self.score_variants(alibi)  # soft-cap, ALiBi bias, sink: only those in use
             kwargs = dict(causal=True, mask=mask, window=window, dropout_p=dropout_p, **variants)
+            if self.latent is not None:  # the kernel's default too (q's width), said outright: the paper's scale
+                kwargs["scale"] = 1.0 / math.sqrt(self.head_dim + self.rope_dim)
             y = self.kernel(q, k, v, **kwargs) if self.lambda_init is None else self.differential(q, k, v, kwargs)
         # y: (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def latent_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: LatentKV | None,
+                   start: int) -> tuple[Tensor, Tensor, Tensor]:
+        """MLA: q = [q^C, RoPE(q^R)] per head; k = [W^UK c^KV, RoPE(k^R)] with k^R shared by the heads; v = W^UV c^KV.
+
+        The cache keeps c^KV and the rotated k^R of each token and returns those of every token the queries see.
+        x (B, T, C); rope: the angles of d_R features. Returns q (B, nh, T, hs + d_R), k (B, nh, Tk, hs + d_R),
+        v (B, nh, Tk, hs).
+        """
+        B, T, _ = x.shape
+        nh, hs, d_r = self.n_head, self.head_dim, self.rope_dim
+        assert rope is not None  # GPT.forward computes MLA's angles
+        q_content = self.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        q_rotary = apply_rope(self.q_rope(x).view(B, T, nh, d_r).transpose(1, 2), *rope)  # (B, nh, T, d_R)
+        latent = self.kv_down(x)  # (B, T, d_c)
+        k_rotary = apply_rope(self.k_rope(x)[:, None], *rope)[:, 0]  # (B, T, d_R): one for all heads
+        if cache is not None:
+            latent, k_rotary = cache.update(latent, k_rotary, start)  # (B, Tk, d_c), (B, Tk, d_R)
+        Tk = latent.size(1)
+        k_content = self.k_up(latent).view(B, Tk, nh, hs).transpose(1, 2)  # (B, nh, Tk, hs)
+        v = self.v_up(latent).view(B, Tk, nh, hs).transpose(1, 2)  # (B, nh, Tk, hs)
+        q = torch.cat([q_content, q_rotary], dim=-1)  # (B, nh, T, hs + d_R)
+        k = torch.cat([k_content, k_rotary[:, None].expand(B, nh, Tk, d_r)], dim=-1)  # (B, nh, Tk, hs + d_R)
+        return q, k, v
 
     def norm_and_rotate(self, x: Tensor, norm: nn.RMSNorm | None, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         """QK-norm (every head's q or k to unit RMS, times a gain), then RoPE; with diff_attn on each half of the
@@ -178,7 +228,7 @@ class Block(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         key_mask: Tensor | None = None,
         window: int | None = None,
-        cache: LayerKV | LinearState | None = None,
+        cache: LayerCache | None = None,
         start: int = 0,
         alibi: Tensor | None = None,
     ) -> Tensor:
@@ -249,8 +299,8 @@ class GPT(nn.Module):
         rope = alibi = None
         if self.config.pos_embedding == "learned":
             x = x + self.transformer.wpe(positions)
-        elif self.config.pos_embedding == "rope":
-            cos, sin = rope_angles(positions, self.config.qk_dim)  # computed once, used by every layer
+        if self.config.rope_dim is not None:  # pos_embedding=rope, or MLA's decoupled part
+            cos, sin = rope_angles(positions, self.config.rope_dim)  # computed once, used by every layer
             rope = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])  # (B, 1, T, D/2)
         window = self.config.window
         if cache is not None:  # the cache's bookkeeping, once for all layers: which keys are real, what window

@@ -80,6 +80,8 @@ def test_kv_bytes_per_token_counts_only_key_value_heads_and_the_window_ring():
     assert kv_bytes_per_token(GPT(GPTConfig(**small, diff_attn=True)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k whole
     linear = GPT(GPTConfig(**small, linear_attn="elu1")).eval()  # a fixed state per layer: S (4, 8, 8) and z (4, 8)
     assert kv_bytes_per_token(linear, "cpu") == 3 * 4 * (8 * 8 + 8) * 4 / 16  # over block_size tokens
+    latent = GPT(GPTConfig(**small, mla_latent=10)).eval()  # MLA: the latent (10) and the shared rotated key (4)
+    assert kv_bytes_per_token(latent, "cpu") == 3 * (10 + 4) * 4
 
 
 def test_the_side_by_side_map_is_the_last_layers_causal_attention_averaged_over_heads():

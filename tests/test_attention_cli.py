@@ -23,7 +23,7 @@ def test_lists_every_kernel_with_what_runs_on_cpu(capsys):
         assert all(table[name][c] == "yes" for c in ("softcap", "bias", "sink")), name
     assert (table["sdpa"]["softcap"], table["sdpa"]["bias"], table["sdpa"]["sink"]) == ("no", "yes", "no")
     assert "model.attn_softcap" in out and "model.pos_embedding=alibi" in out and "model.qk_norm" in out
-    assert "model.diff_attn" in out and "model.linear_attn" in out
+    assert "model.diff_attn" in out and "model.linear_attn" in out and "model.mla_latent" in out
     sdpa_backends = out.split("sdpa")[1].splitlines()[0]
     assert "math" in sdpa_backends and "efficient" not in sdpa_backends  # the efficient kernel is CUDA-only
 

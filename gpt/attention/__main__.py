@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
           "\nbias: an additive score bias (model.pos_embedding=alibi); sink: a sink logit per head (model.attn_sink)."
           "\nmodel.qk_norm (QK-norm) and model.pos_embedding=rope act on q and k before the kernel: any kernel."
           "\nmodel.diff_attn (differential attention) calls the kernel twice, on the halves of q and k: any kernel."
-          "\nmodel.linear_attn=elu1 (causal linear attention) uses no kernel: gpt.attention.linear computes it.")
+          "\nmodel.linear_attn=elu1 (causal linear attention) uses no kernel: gpt.attention.linear computes it."
+          "\nmodel.mla_latent (multi-head latent attention) gives the kernel q and k wider than v: any kernel.")
 
 
 if __name__ == "__main__":

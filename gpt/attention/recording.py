@@ -40,7 +40,7 @@ def attention_weights(
 def record_attention(model: nn.Module) -> Iterator[list[Tensor]]:
     """Within the block, each forward pass appends every attention layer's weights (B, H, Tq, Tk), in order."""
     recorded: list[Tensor] = []
-    layers = [m for m in model.modules() if hasattr(m, "kernel") and hasattr(m, "c_attn")]
+    layers = [m for m in model.modules() if hasattr(m, "kernel") and hasattr(m, "c_proj")]
     originals = [(layer.kernel, getattr(layer, "linear_kernel", None)) for layer in layers]
 
     def recorder(q, k, v, *, causal=True, mask=None, dropout_p=0.0, scale=None, window=None, **variants):

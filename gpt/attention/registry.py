@@ -13,9 +13,10 @@ from torch import Tensor
 class AttentionKernel(Protocol):
     """``kernel(q, k, v, *, causal, mask, dropout_p, scale, window[, softcap, bias, sink]) -> Tensor``.
 
-    q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv), Dv usually D (model.diff_attn gives Dv = 2D), with
-    H divisible by Hkv (query head h reads key/value head h // (H // Hkv)). mask: optional bool, broadcastable
-    to (B, H, Tq, Tk), True = "may attend".
+    q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv), Dv usually D (model.diff_attn gives Dv = 2D,
+    model.mla_latent Dv < D: q and k carry the decoupled rotary features too), with H divisible by Hkv (query
+    head h reads key/value head h // (H // Hkv)). mask: optional bool, broadcastable to (B, H, Tq, Tk), True =
+    "may attend".
     causal: query i (counted from the end, so Tq < Tk aligns bottom-right: position p = i + Tk - Tq)
     sees keys j <= p. window: with causal, only keys p - window < j <= p (a sliding window).
     scale defaults to 1/sqrt(D). A query row that may attend nowhere returns zeros (and zero

@@ -38,6 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "sink": {"attn_sink": True, "attention": "manual"},
     "diff": {"diff_attn": True},  # differential attention: two softmax maps per head, the second subtracted
     "linear": {"linear_attn": "elu1"},  # causal linear attention: a running state instead of a KV cache
+    "mla": {"mla_latent": 32},  # multi-head latent attention: the cache keeps a 32-wide latent (+ d_R) per token
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
