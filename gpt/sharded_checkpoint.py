@@ -122,12 +122,21 @@ def load_full(folder: Path, optimizer: bool = False) -> dict[str, Any]:
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(tensors, checkpoint_id=str(folder), no_dist=True)
-    payload["model"] = {name[len(MODEL_PREFIX):]: t for name, t in tensors.items() if name.startswith(MODEL_PREFIX)}
+    model_state, optimizer_state = unflatten(tensors)
+    payload["model"] = model_state
     if optimizer:
-        state: dict[str, dict[str, torch.Tensor]] = {}
-        for name, t in tensors.items():
-            if name.startswith(OPTIM_PREFIX):
-                param, key = name[len(OPTIM_PREFIX):].rsplit(".", 1)
-                state.setdefault(param, {})[key] = t
-        payload["optimizer"] = {"state": state, "param_groups": payload["optimizer"]["param_groups"]}
+        payload["optimizer"] = {"state": optimizer_state, "param_groups": payload["optimizer"]["param_groups"]}
     return payload
+
+
+def unflatten(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """Flat DCP keys back to a model state dict and an optimizer state keyed by parameter name."""
+    model: dict[str, torch.Tensor] = {}
+    optimizer: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        if name.startswith(MODEL_PREFIX):
+            model[name[len(MODEL_PREFIX):]] = t
+        elif name.startswith(OPTIM_PREFIX):
+            param, key = name[len(OPTIM_PREFIX):].rsplit(".", 1)
+            optimizer.setdefault(param, {})[key] = t
+    return model, optimizer

@@ -165,7 +165,7 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
     or without FSDP: DCP reshards). An optimizer saved before its first step keeps its fresh state."""
     import torch.distributed.checkpoint as dcp
 
-    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, tensor_shapes
+    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, tensor_shapes, unflatten
 
     with_optimizer = bool(tensor_shapes(Path(folder), OPTIM_PREFIX))
     if with_optimizer and not optimizer.state:
@@ -174,14 +174,10 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
     if not with_optimizer:
         tensors = {k: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
     dcp.load(tensors, checkpoint_id=folder)
-    set_model_state_dict(model, {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)})
+    model_state, optimizer_state = unflatten(tensors)
+    set_model_state_dict(model, model_state)
     if with_optimizer:
-        state: dict[str, dict[str, torch.Tensor]] = {}
-        for name, t in tensors.items():
-            if name.startswith(OPTIM_PREFIX):
-                param, key = name[len(OPTIM_PREFIX):].rsplit(".", 1)
-                state.setdefault(param, {})[key] = t
-        set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": param_groups})
+        set_optimizer_state_dict(model, optimizer, {"state": optimizer_state, "param_groups": param_groups})
 
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
