@@ -131,3 +131,73 @@ def failure_output(result: subprocess.CompletedProcess) -> str:
     """What explains a failed torchrun: a hung worker's stack dumps when there are any, else stderr's tail."""
     at = result.stderr.find("Timeout (")
     return result.stderr[at:at + 6000] if at >= 0 else result.stderr[-3000:]
+
+
+# --- attention variants: what tests/test_attention_variants.py, test_diff_attention.py, test_linear_attention.py
+# and test_mla.py share.
+
+def kernels_for(options: dict) -> list[str]:
+    """The kernels whose declaration covers the score options in ``options`` (softcap, sink, an ALiBi bias)."""
+    from gpt import attention
+
+    wanted = [o for o, on in (("softcap", options.get("attn_softcap")), ("sink", options.get("attn_sink")),
+                              ("bias", options.get("pos_embedding") == "alibi")) if on]
+    return [k for k in attention.available() if all(attention.spec(k).supports(o) for o in wanted)]
+
+
+def perturbed_model(config: dict, kernel: str = "sdpa", sharpen: float = 1.0):
+    """A seeded random model (eval mode), weights scaled by ``sharpen``, with the parameters that start at ones or
+    zeros (norm gains, sink logits, biases, differential lambdas) moved away from them, so a test sees them act."""
+    import torch
+
+    from gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**config, "attention": kernel}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(sharpen)
+            if name.endswith(("norm.weight", "subln.weight", "attn.sink")):
+                p.add_(torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.5)
+            elif "attn.lambda_" in name:
+                p.copy_(torch.randn_like(p) * 0.5)
+    return model.eval()
+
+
+def assert_greedy_same_with_and_without_cache(model, kernel: str) -> None:
+    """Greedy tokens with the KV cache equal those recomputed without it, over 30 new tokens for a model of
+    block_size 16 (the cache is rebuilt twice; flex, slow in eager mode on a CPU, decodes 12)."""
+    import torch
+
+    from gpt.decoding import generate
+
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
+    n = 12 if kernel == "flex" else 30
+    cached = generate(model, prompt, n, temperature=0.0, kv_cache=True)
+    assert torch.equal(cached, generate(model, prompt, n, temperature=0.0, kv_cache=False)), kernel
+
+
+def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, dict, dict]:
+    """In-process training of scripts/train.py's config with ``overrides``: 4 steps, resumed to 8, and 8 straight;
+    the model state dicts after 4, after the resume and of the straight run (to compare bit for bit)."""
+    from hydra import compose, initialize_config_dir
+
+    from gpt import checkpoint
+    from gpt.schema import register, typed
+    from gpt.train.trainer import train
+
+    register()
+    common = [*overrides, "device=cpu", "train.warmup_iters=0", "train.lr_decay_iters=8", "train.eval_interval=4",
+              "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0"]
+
+    def run(out: Path, steps: int, resume: bool = False) -> dict:
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+            cfg = compose(config_name="train", overrides=[*common, f"train.max_iters={steps}", f"out_dir={out}",
+                                                          f"resume={str(resume).lower()}"])
+        train(typed(cfg), out, log=lambda message: None)
+        return checkpoint.load(out / checkpoint.LATEST)["model"]
+
+    first = run(tmp_path / "resumed", 4)
+    return first, run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, attention
+from conftest import assert_greedy_same_with_and_without_cache, kernels_for, perturbed_model, train_stop_and_resume
+from gpt import GPT, GPTConfig
 from gpt.attention.alibi import alibi_bias, alibi_slopes
-from gpt.decoding import generate
 from gpt.errors import ConfigError
 from gpt.kv_cache import KVCache
 
@@ -22,25 +22,6 @@ VARIANTS = {
     "alibi+window+mqa": dict(pos_embedding="alibi", window=5, n_kv_head=1),
 }
 PAPER_SLOPES_4 = [2**-2, 2**-4, 2**-6, 2**-8]  # ALiBi, 4 heads: the geometric sequence starting at 2^(-8/4)
-
-
-def kernels_for(options: dict) -> list[str]:
-    """The kernels whose declaration covers the variants in ``options``."""
-    needs = {"attn_softcap": "softcap", "attn_sink": "sink"}
-    wanted = [needs[k] for k in needs if options.get(k)] + (["bias"] if options.get("pos_embedding") == "alibi" else [])
-    return [k for k in attention.available() if all(attention.spec(k).supports(o) for o in wanted)]
-
-
-def perturbed_model(options: dict, kernel: str, sharpen: float = 1.0) -> GPT:
-    """A random model whose norm gains and sink logits are away from their initial ones and zeros."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, **options, attention=kernel))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.mul_(sharpen)
-            if name.endswith(("q_norm.weight", "k_norm.weight", "attn.sink")):
-                p.add_(torch.randn_like(p))
-    return model.eval()
 
 
 def reference_layer(attn, x: torch.Tensor, config: GPTConfig) -> torch.Tensor:
@@ -78,7 +59,7 @@ def test_each_kernel_that_declares_the_variant_matches_the_float64_reference(var
     x = torch.randn(2, 9, TINY["n_embd"], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     alibi = alibi_bias(4, torch.arange(9), torch.arange(9)).double() if "alibi" in str(options) else None
     for kernel in kernels_for(options):
-        model = perturbed_model(options, kernel).double()
+        model = perturbed_model(TINY | options, kernel).double()
         attn = model.transformer.h[0].attn
         expected = reference_layer(attn, x, model.config)
         with torch.no_grad():
@@ -95,16 +76,13 @@ def test_alibi_slopes_follow_the_paper_also_between_powers_of_two():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_tokens_are_the_same_with_and_without_the_kv_cache(variant):
     for kernel in kernels_for(VARIANTS[variant]):
-        model = perturbed_model(VARIANTS[variant], kernel, sharpen=6.0)
-        prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
-        n = 12 if kernel == "flex" else 30  # 30 crosses block_size (16) twice: the cache is rebuilt
-        cached = generate(model, prompt, n, temperature=0.0, kv_cache=True)
-        assert torch.equal(cached, generate(model, prompt, n, temperature=0.0, kv_cache=False)), kernel
+        model = perturbed_model(TINY | VARIANTS[variant], kernel, sharpen=6.0)
+        assert_greedy_same_with_and_without_cache(model, kernel)
 
 
 @pytest.mark.parametrize("variant", ["alibi", "alibi+window+mqa", "all+gqa"])
 def test_cached_logits_equal_full_recomputation_even_when_a_window_ring_wraps(variant):
-    model = perturbed_model(VARIANTS[variant], kernels_for(VARIANTS[variant])[0], sharpen=2.0)
+    model = perturbed_model(TINY | VARIANTS[variant], kernels_for(VARIANTS[variant])[0], sharpen=2.0)
     seq = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     cache = KVCache(model.config, batch_size=2, device="cpu")
     with torch.no_grad():
@@ -161,28 +139,10 @@ def test_checkpoints_from_before_the_variants_load_and_resume_as_the_same_shape(
 
 def test_a_model_with_every_variant_trains_and_resumes_exactly(tmp_path, data_args):
     """Four steps, a resume to eight, and eight straight: the same weights, bit for bit (sinks and gains included)."""
-    from hydra import compose, initialize_config_dir
-
-    from conftest import ROOT
-    from gpt import checkpoint
-    from gpt.schema import register, typed
-    from gpt.train.trainer import train
-
-    register()
     variant = ["model=tiny", "model.qk_norm=true", "model.pos_embedding=alibi", "model.attn_sink=true",
-               "model.attn_softcap=5", "model.n_kv_head=1", "attention=manual", "device=cpu", "train.warmup_iters=0",
-               "train.lr_decay_iters=8", "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=4",
-               "train.sample_tokens=0", *data_args]
+               "model.attn_softcap=5", "model.n_kv_head=1", "attention=manual", *data_args]
 
-    def run(out, steps, resume=False):
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-            cfg = compose(config_name="train", overrides=[*variant, f"train.max_iters={steps}", f"out_dir={out}",
-                                                          f"resume={str(resume).lower()}"])
-        train(typed(cfg), out, log=lambda message: None)
-        return checkpoint.load(out / checkpoint.LATEST)["model"]
-
-    run(tmp_path / "resumed", 4)
-    resumed, straight = run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    _, resumed, straight = train_stop_and_resume(variant, tmp_path)
     assert any(name.endswith("attn.sink") for name in straight)
     for name, value in straight.items():
         assert torch.equal(resumed[name], value), name

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, attention
+from conftest import assert_greedy_same_with_and_without_cache, kernels_for, perturbed_model, train_stop_and_resume
+from gpt import GPT, GPTConfig
 from gpt.attention.alibi import alibi_bias
 from gpt.attention.rope import rope_angles
-from gpt.decoding import generate
 from gpt.errors import ConfigError
 from gpt.kv_cache import KVCache
 
@@ -21,27 +21,6 @@ CASES = {
     "mqa+rope+qk_norm": dict(n_kv_head=1, pos_embedding="rope", qk_norm=True),
     "alibi+softcap+sink": dict(pos_embedding="alibi", attn_softcap=3.0, attn_sink=True),
 }
-
-
-def kernels_for(options: dict) -> list[str]:
-    """The kernels whose declaration covers the score variants in ``options``."""
-    wanted = [o for o, on in (("softcap", options.get("attn_softcap")), ("sink", options.get("attn_sink")),
-                              ("bias", options.get("pos_embedding") == "alibi")) if on]
-    return [k for k in attention.available() if all(attention.spec(k).supports(o) for o in wanted)]
-
-
-def perturbed_model(options: dict, kernel: str, sharpen: float = 1.0) -> GPT:
-    """A random model whose lambda vectors, norm gains and sinks are away from their initial values."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, **options, attention=kernel))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.mul_(sharpen)
-            if name.endswith(("norm.weight", "subln.weight", "attn.sink")):
-                p.add_(torch.randn_like(p))
-            if "attn.lambda_" in name:
-                p.copy_(torch.randn_like(p) * 0.5)
-    return model.eval()
 
 
 def rotate(x: torch.Tensor, position: int) -> torch.Tensor:
@@ -102,7 +81,7 @@ def test_every_kernel_matches_the_float64_reference(case):
     rope = rope_angles(torch.arange(T), TINY["n_embd"] // TINY["n_head"] // 2)  # what GPT.forward passes (float32)
     tolerance = 1e-6 if options.get("pos_embedding") == "rope" else 1e-10  # float32 angles; float64 otherwise
     for kernel in kernels_for(options):
-        model = perturbed_model(options, kernel).double()
+        model = perturbed_model(TINY | options, kernel).double()
         for layer in (0, 2):
             attn = model.transformer.h[layer].attn
             expected = reference_layer(attn, x, model.config, layer)
@@ -127,15 +106,12 @@ def test_lambda_init_follows_the_paper_per_layer_and_the_new_parameters_are_few(
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_tokens_are_the_same_with_and_without_the_kv_cache(case):
     for kernel in kernels_for(CASES[case]):
-        model = perturbed_model(CASES[case], kernel, sharpen=6.0)
-        prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
-        n = 12 if kernel == "flex" else 30  # 30 crosses block_size (16) twice: the cache is rebuilt
-        cached = generate(model, prompt, n, temperature=0.0, kv_cache=True)
-        assert torch.equal(cached, generate(model, prompt, n, temperature=0.0, kv_cache=False)), kernel
+        model = perturbed_model(TINY | CASES[case], kernel, sharpen=6.0)
+        assert_greedy_same_with_and_without_cache(model, kernel)
 
 
 def test_cached_logits_equal_full_recomputation_with_rope_halves_and_a_wrapping_window():
-    model = perturbed_model(dict(pos_embedding="rope", window=5, n_kv_head=2, qk_norm=True), "sdpa", sharpen=2.0)
+    model = perturbed_model(TINY | dict(pos_embedding="rope", window=5, n_kv_head=2, qk_norm=True), "sdpa", sharpen=2.0)
     seq = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     cache = KVCache(model.config, batch_size=2, device="cpu")
     with torch.no_grad():
@@ -166,27 +142,10 @@ def test_checkpoints_from_before_diff_attn_load_as_the_same_shape():
 
 def test_a_differential_model_trains_and_resumes_exactly(tmp_path, data_args):
     """Four steps, a resume to eight, and eight straight: the same weights, bit for bit (lambdas included)."""
-    from hydra import compose, initialize_config_dir
-
-    from conftest import ROOT
-    from gpt import checkpoint
-    from gpt.schema import register, typed
-    from gpt.train.trainer import train
-
-    register()
     variant = ["model=tiny", "model.diff_attn=true", "model.pos_embedding=rope", "model.qk_norm=true",
-               "model.n_kv_head=1", "device=cpu", "train.warmup_iters=0", "train.lr_decay_iters=8",
-               "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0", *data_args]
+               "model.n_kv_head=1", *data_args]
 
-    def run(out, steps, resume=False):
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-            cfg = compose(config_name="train", overrides=[*variant, f"train.max_iters={steps}", f"out_dir={out}",
-                                                          f"resume={str(resume).lower()}"])
-        train(typed(cfg), out, log=lambda message: None)
-        return checkpoint.load(out / checkpoint.LATEST)["model"]
-
-    first = run(tmp_path / "resumed", 4)
-    resumed, straight = run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    first, resumed, straight = train_stop_and_resume(variant, tmp_path)
     assert not torch.equal(first["transformer.h.1.attn.lambda_q2"], straight["transformer.h.1.attn.lambda_q2"])
     for name, value in straight.items():
         assert torch.equal(resumed[name], value), name
@@ -195,7 +154,7 @@ def test_a_differential_model_trains_and_resumes_exactly(tmp_path, data_args):
 def test_attention_pictures_show_each_layers_differential_map():
     from gpt.visualize import attention_maps
 
-    model = perturbed_model({}, "sdpa")
+    model = perturbed_model(TINY | {}, "sdpa")
     maps = attention_maps(model, torch.arange(10)[None])  # w1 - lambda * w2 per layer: rows sum to 1 - lambda
     assert maps.shape == (3, 4, 10, 10) and torch.all(maps.triu(1) == 0)
     for layer, block in enumerate(model.transformer.h):

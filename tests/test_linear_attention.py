@@ -5,7 +5,8 @@ recomputation (left-padded batches too), a run resumes bit for bit, and what it 
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig
+from conftest import perturbed_model, train_stop_and_resume
+from gpt import GPTConfig
 from gpt.attention.linear import causal_linear_attention
 from gpt.decoding import generate, generate_batch
 from gpt.errors import ConfigError
@@ -13,17 +14,6 @@ from gpt.kv_cache import KVCache
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, linear_attn="elu1")
 CASES = {"mha": dict(), "gqa+qk_norm": dict(n_kv_head=2, qk_norm=True), "mqa": dict(n_kv_head=1)}
-
-
-def model_for(options: dict, sharpen: float = 1.0) -> GPT:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, **options))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.mul_(sharpen)
-            if name.endswith("norm.weight"):
-                p.add_(torch.randn_like(p))
-    return model.eval()
 
 
 def phi(x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +43,7 @@ def reference_layer(attn, x: torch.Tensor, config: GPTConfig) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_layer_matches_the_float64_reference(case):
-    model = model_for(CASES[case]).double()
+    model = perturbed_model(TINY | CASES[case]).double()
     x = torch.randn(2, 9, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     attn = model.transformer.h[1].attn
     with torch.no_grad():
@@ -83,7 +73,7 @@ def test_chunks_with_a_carried_state_equal_the_whole_sequence_and_padding_adds_n
 
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_tokens_are_the_same_with_and_without_the_state_cache(case):
-    model = model_for(CASES[case], sharpen=6.0)
+    model = perturbed_model(TINY | CASES[case], sharpen=6.0)
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
     cached = generate(model, prompt, 30, temperature=0.0, kv_cache=True)  # crosses block_size: the state is rebuilt
     assert torch.equal(cached, generate(model, prompt, 30, temperature=0.0, kv_cache=False))
@@ -94,7 +84,7 @@ def test_greedy_tokens_are_the_same_with_and_without_the_state_cache(case):
 
 
 def test_the_decode_state_keeps_its_size_and_cached_logits_equal_recomputation():
-    model = model_for(dict(n_kv_head=2), sharpen=2.0)
+    model = perturbed_model(TINY | dict(n_kv_head=2), sharpen=2.0)
     seq = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     cache = KVCache(model.config, batch_size=2, device="cpu")
     with torch.no_grad():
@@ -123,27 +113,9 @@ def test_what_linear_attention_cannot_have_is_refused_by_name(options, message):
 
 def test_a_linear_attention_model_trains_and_resumes_exactly(tmp_path, data_args):
     """Four steps, a resume to eight, and eight straight: the same weights, bit for bit."""
-    from hydra import compose, initialize_config_dir
+    variant = ["model=tiny", "model.linear_attn=elu1", "model.n_kv_head=1", *data_args]
 
-    from conftest import ROOT
-    from gpt import checkpoint
-    from gpt.schema import register, typed
-    from gpt.train.trainer import train
-
-    register()
-    variant = ["model=tiny", "model.linear_attn=elu1", "model.n_kv_head=1", "device=cpu", "train.warmup_iters=0",
-               "train.lr_decay_iters=8", "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=4",
-               "train.sample_tokens=0", *data_args]
-
-    def run(out, steps, resume=False):
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-            cfg = compose(config_name="train", overrides=[*variant, f"train.max_iters={steps}", f"out_dir={out}",
-                                                          f"resume={str(resume).lower()}"])
-        train(typed(cfg), out, log=lambda message: None)
-        return checkpoint.load(out / checkpoint.LATEST)["model"]
-
-    run(tmp_path / "resumed", 4)
-    resumed, straight = run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    _, resumed, straight = train_stop_and_resume(variant, tmp_path)
     for name, value in straight.items():
         assert torch.equal(resumed[name], value), name
 
@@ -157,7 +129,7 @@ def test_attention_pictures_show_the_weights_linear_attention_uses():
     k, v = torch.randn(1, 2, 6, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g)  # (B, Hkv, T, D)
     weights = linear_weights(q, k)  # (B, H, T, T)
     torch.testing.assert_close(weights @ v.repeat_interleave(2, dim=1), causal_linear_attention(q, k, v)[0])
-    model = model_for(dict(n_kv_head=2))
+    model = perturbed_model(TINY | dict(n_kv_head=2))
     expected, _ = model(torch.arange(10)[None])
     maps = attention_maps(model, torch.arange(10)[None])
     assert maps.shape == (2, 4, 10, 10) and torch.all(maps.triu(1) == 0)

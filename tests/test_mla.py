@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, attention
+from conftest import assert_greedy_same_with_and_without_cache, kernels_for, perturbed_model, train_stop_and_resume
+from gpt import GPT, GPTConfig
 from gpt.attention.rope import rope_angles
 from gpt.decoding import generate, generate_batch
 from gpt.errors import ConfigError
@@ -20,24 +21,6 @@ CASES = {
     "softcap+sink": dict(attn_softcap=3.0, attn_sink=True),
     "no_bias+wide_latent": dict(bias=False, mla_latent=80, mla_rope_dim=2),
 }
-
-
-def kernels_for(options: dict) -> list[str]:
-    """The kernels whose declaration covers the score variants in ``options``."""
-    wanted = [o for o, on in (("softcap", options.get("attn_softcap")), ("sink", options.get("attn_sink"))) if on]
-    return [k for k in attention.available() if all(attention.spec(k).supports(o) for o in wanted)]
-
-
-def perturbed_model(options: dict, kernel: str = "sdpa", sharpen: float = 1.0) -> GPT:
-    """A random model whose biases and sinks are away from zero."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**TINY, **options}, attention=kernel))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.mul_(sharpen)
-            if name.endswith(("bias", "attn.sink")):
-                p.add_(torch.randn_like(p) * 0.5)
-    return model.eval()
 
 
 def rotate(x: torch.Tensor, position: int) -> torch.Tensor:
@@ -85,7 +68,7 @@ def test_every_kernel_matches_the_float64_reference(case):
     T = 7
     x = torch.randn(2, T, TINY["n_embd"], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     for kernel in kernels_for(options):
-        model = perturbed_model(options, kernel).double()
+        model = perturbed_model(TINY | options, kernel).double()
         rope = rope_angles(torch.arange(T), model.config.mla_rope_dim)  # what GPT.forward passes (float32 angles)
         for layer in (0, 1):
             attn = model.transformer.h[layer].attn
@@ -110,7 +93,7 @@ def test_the_projections_have_readable_names_and_the_paper_s_shapes():
 
 def test_the_cache_keeps_the_latent_and_the_shared_rotated_key_and_equals_recomputation():
     for options in (dict(), dict(window=5)):  # a window: the latents sit in a ring of 5 slots
-        model = perturbed_model(options, sharpen=2.0)
+        model = perturbed_model(TINY | options, sharpen=2.0)
         seq = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
         cache = KVCache(model.config, batch_size=2, device="cpu")
         with torch.no_grad():
@@ -138,15 +121,12 @@ def test_kv_bytes_per_token_shrink_by_the_formula():
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_tokens_are_the_same_with_and_without_the_kv_cache(case):
     for kernel in kernels_for(CASES[case]):
-        model = perturbed_model(CASES[case], kernel, sharpen=6.0)
-        prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
-        n = 12 if kernel == "flex" else 30  # 30 crosses block_size (16) twice: the cache is rebuilt
-        cached = generate(model, prompt, n, temperature=0.0, kv_cache=True)
-        assert torch.equal(cached, generate(model, prompt, n, temperature=0.0, kv_cache=False)), kernel
+        model = perturbed_model(TINY | CASES[case], kernel, sharpen=6.0)
+        assert_greedy_same_with_and_without_cache(model, kernel)
 
 
 def test_left_padded_batches_decode_as_each_prompt_alone():
-    model = perturbed_model(dict(), sharpen=6.0)
+    model = perturbed_model(TINY, sharpen=6.0)
     prompts = [[3, 1, 4, 1, 5], [9, 2]]  # left-padded into one batch
     batch = generate_batch(model, prompts, 8, temperature=0.0, kv_cache=True)
     assert batch == [generate(model, torch.tensor([p]), 8, temperature=0.0, kv_cache=False)[0].tolist()
@@ -183,27 +163,9 @@ def test_checkpoints_from_before_mla_load_as_the_same_shape():
 
 def test_a_latent_attention_model_trains_and_resumes_exactly(tmp_path, data_args):
     """Four steps, a resume to eight, and eight straight: the same weights, bit for bit."""
-    from hydra import compose, initialize_config_dir
+    variant = ["model=tiny", "model.mla_latent=8", *data_args]
 
-    from conftest import ROOT
-    from gpt import checkpoint
-    from gpt.schema import register, typed
-    from gpt.train.trainer import train
-
-    register()
-    variant = ["model=tiny", "model.mla_latent=8", "device=cpu", "train.warmup_iters=0", "train.lr_decay_iters=8",
-               "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0",
-               *data_args]
-
-    def run(out, steps, resume=False):
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-            cfg = compose(config_name="train", overrides=[*variant, f"train.max_iters={steps}", f"out_dir={out}",
-                                                          f"resume={str(resume).lower()}"])
-        train(typed(cfg), out, log=lambda message: None)
-        return checkpoint.load(out / checkpoint.LATEST)["model"]
-
-    first = run(tmp_path / "resumed", 4)
-    resumed, straight = run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    first, resumed, straight = train_stop_and_resume(variant, tmp_path)
     latent = "transformer.h.1.attn.kv_down.weight"
     assert not torch.equal(first[latent], straight[latent])
     for name, value in straight.items():
@@ -213,7 +175,7 @@ def test_a_latent_attention_model_trains_and_resumes_exactly(tmp_path, data_args
 def test_attention_pictures_show_latent_attention_weights():
     from gpt.visualize import attention_maps
 
-    model = perturbed_model(dict())
+    model = perturbed_model(TINY)
     expected, _ = model(torch.arange(10)[None])
     maps = attention_maps(model, torch.arange(10)[None])
     assert maps.shape == (2, 4, 10, 10) and torch.all(maps.triu(1) == 0)
