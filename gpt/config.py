@@ -33,6 +33,7 @@ class GPTConfig:
     attention: str = "sdpa"
     n_kv_head: Optional[int] = None  # key/value heads: None = n_head (GPT-2); fewer = grouped-query; 1 = multi-query
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
+    sink_tokens: int = 0  # StreamingLLM: with a window, every query also sees the first N tokens (kept in the cache)
     pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, on q and k) | alibi (score bias)
     attention_backend: Optional[str] = None  # attention=sdpa only: pin flash | efficient | math | cudnn
     qk_norm: bool = False  # RMS-normalise each head's queries and keys (learned gains) before the dot product
@@ -45,7 +46,8 @@ class GPTConfig:
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew.
-    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window")
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window",
+                                                 "sink_tokens")
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -115,6 +117,24 @@ class GPTConfig:
                     hint="change model.n_head or model.n_embd, or set model.diff_attn=false")
         self._check_latent()
         self._check_linear()
+        self._check_sink_tokens()
+
+    def _check_sink_tokens(self) -> None:
+        """StreamingLLM's sink tokens: a count, meaningful only with a sliding window, and not with every variant."""
+        n = self.sink_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"model.sink_tokens must be a non-negative integer, got {n!r}")
+        if n == 0:
+            return
+        if self.window is None:
+            raise ConfigError(f"model.sink_tokens={n} needs a sliding window (model.window): without one every "
+                              "earlier token is attended to already", hint="add model.window=<tokens>")
+        refused = {"model.pos_embedding=alibi": self.pos_embedding == "alibi",
+                   f"model.mla_latent={self.mla_latent}": self.mla_latent is not None}
+        for setting, on in refused.items():
+            if on:
+                raise ConfigError(f"model.sink_tokens={n} cannot be combined with {setting} here",
+                                  hint="set model.sink_tokens=0, or drop that option")
 
     def _check_latent(self) -> None:
         """Multi-head latent attention (DeepSeek-V2): its widths, and what it cannot be combined with, by name."""

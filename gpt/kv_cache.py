@@ -7,6 +7,8 @@ order does not matter. Each layer's LayerKV holds its own two buffers and nothin
 keeps what the layers share (how many tokens were seen, which of them are real) and the model passes
 it down. A model with causal linear attention (model.linear_attn) keeps no keys at all: each layer's
 LinearState holds the running sums (S, z) of gpt.attention.linear, the same size at any context length.
+With sink tokens (model.sink_tokens, StreamingLLM) a window model also keeps the keys of the first tokens apart,
+and a step attends to those the ring no longer holds as well.
 A model with multi-head latent attention (model.mla_latent) keeps per token only the latent c_kv and the one
 rotated key part shared by the heads (LatentKV); each step up-projects them to the heads' keys and values.
 """
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 
 from gpt.config import GPTConfig
+from gpt.errors import UserError
 
 
 def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
@@ -35,12 +38,15 @@ def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
 
 
 class LayerKV:
-    """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype."""
+    """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype; with sink
+    tokens (StreamingLLM) also those of the first ``sinks`` positions, kept apart once the ring has moved past them."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, sinks: int = 0) -> None:
+        self.size, self.sinks = size, sinks
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self.sink_k: Tensor | None = None
+        self.sink_v: Tensor | None = None
 
     def update(self, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """Store k, v (B, Hkv, T, D) of positions start..start+T-1; return what these T queries attend to.
@@ -51,16 +57,27 @@ class LayerKV:
         if self.k is None or self.v is None:
             shape = (k.size(0), k.size(1), self.size, k.size(3))
             self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
+            if self.sinks:
+                shape = (k.size(0), k.size(1), self.sinks, k.size(3))
+                self.sink_k, self.sink_v = k.new_zeros(shape), v.new_zeros(shape)
         write(self.k, k, start, dim=2)
         write(self.v, v, start, dim=2)
+        if start < self.sinks:  # positions start.. of the first `sinks`: kept whatever the ring overwrites
+            n = min(self.sinks - start, k.size(2))
+            self.sink_k[:, :, start:start + n] = k[:, :, :n]
+            self.sink_v[:, :, start:start + n] = v[:, :, :n]
         if start == 0:
             return k, v
-        filled = min(start + k.size(2), self.size)
-        return self.k[:, :, :filled], self.v[:, :, :filled]
+        end = start + k.size(2)
+        filled, evicted = min(end, self.size), min(self.sinks, max(0, end - self.size))  # sinks no longer in the ring
+        if not evicted:
+            return self.k[:, :, :filled], self.v[:, :, :filled]
+        return (torch.cat([self.sink_k[:, :, :evicted], self.k[:, :, :filled]], dim=2),
+                torch.cat([self.sink_v[:, :, :evicted], self.v[:, :, :filled]], dim=2))
 
     def held_bytes(self) -> int:
         """Bytes of the buffers (allocated for every slot at the first update)."""
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v) if t is not None)
 
 
 class LatentKV:
@@ -108,6 +125,7 @@ class KVCache:
         ring = config.window is not None and config.window < config.block_size
         self.window = config.window if ring else None  # a ring of `window` slots; None: block_size slots in order
         self.size = self.window or config.block_size  # slots kept per layer
+        self.sinks = config.sink_tokens if self.window is not None else 0  # first tokens kept apart from the ring
         self.length = 0  # tokens seen so far (positions in the padded batch)
         self.key_mask = torch.ones(batch_size, self.size, dtype=torch.bool, device=device)  # False: left padding
         self.padded = False  # whether the prompt was left-padded (else the kernels get no mask at all)
@@ -117,7 +135,7 @@ class KVCache:
         """What one layer keeps: keys and values, MLA's latents, or linear attention's running state."""
         if config.linear_attn is not None:
             return LinearState()
-        return LatentKV(self.size) if config.mla_latent is not None else LayerKV(self.size)
+        return LatentKV(self.size) if config.mla_latent is not None else LayerKV(self.size, self.sinks)
 
     def step(self, n: int, key_mask: Tensor | None) -> tuple[Tensor | None, int | None]:
         """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).
@@ -133,6 +151,9 @@ class KVCache:
         self.length += n
         if start == 0:
             self.padded = key_mask is not None
+            if self.padded and self.sinks:
+                raise UserError("model.sink_tokens cannot decode a batch of prompts of different lengths (left "
+                                "padding would take the sink positions)", hint="generate one prompt at a time")
         if self.padded:  # tokens after a padded prompt are all real
             new = key_mask if key_mask is not None else self.key_mask.new_ones(self.key_mask.size(0), n)
             write(self.key_mask, new, start, dim=1)

@@ -23,6 +23,7 @@ from torch import Tensor
 from gpt import attention
 from gpt.attention.alibi import alibi_bias
 from gpt.attention.linear import causal_linear_attention
+from gpt.attention.masks import sink_band
 from gpt.attention.rope import apply_rope, rope_angles
 from gpt.config import GPTConfig
 from gpt.kv_cache import KVCache, LatentKV, LayerKV, LinearState
@@ -93,8 +94,8 @@ class CausalSelfAttention(nn.Module):
         start: int = 0,
         alibi: Tensor | None = None,
     ) -> Tensor:
-        """x (B, T, C) at positions start..; key_mask (B, Tk), True for real keys (False: left padding);
-        alibi (nh, T, Tk) the score bias of pos_embedding=alibi.
+        """x (B, T, C) at positions start..; key_mask (B, Tk), True for real keys (False: left padding), or a whole
+        (B|1, 1, T, Tk) mask (sink tokens); alibi (nh, T, Tk) the score bias of pos_embedding=alibi.
 
         With a cache, the new keys are stored and the queries attend to what it returns (key_mask covers those).
         """
@@ -114,7 +115,7 @@ class CausalSelfAttention(nn.Module):
         if self.linear is not None:  # no kernel and no keys kept: a running state (gpt.attention.linear)
             y = self.linear_attention(q, k, v, cache, key_mask)  # (B, nh, T, hs)
         else:
-            mask = None if key_mask is None else key_mask[:, None, None, :]
+            mask = key_mask if key_mask is None or key_mask.dim() == 4 else key_mask[:, None, None, :]
             dropout_p = self.dropout if self.training else 0.0
             variants = self.score_variants(alibi)  # soft-cap, ALiBi bias, sink: only those in use
             kwargs = dict(causal=True, mask=mask, window=window, dropout_p=dropout_p, **variants)
@@ -305,6 +306,8 @@ class GPT(nn.Module):
         window = self.config.window
         if cache is not None:  # the cache's bookkeeping, once for all layers: which keys are real, what window
             key_mask, window = cache.step(T, key_mask)
+        if window is not None and self.config.sink_tokens:  # StreamingLLM: the window's band plus the first tokens
+            key_mask, window = sink_band(T, window, self.config.sink_tokens, key_mask, idx.device), None  # (B|1,1,T,T)
         if self.config.pos_embedding == "alibi":  # distances in the sequence (left padding is masked anyway)
             keys = cache.key_index(T) if cache is not None else torch.arange(T, device=idx.device)  # (Tk,)
             alibi = alibi_bias(self.config.n_head, torch.arange(start, start + T, device=idx.device), keys)

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
           "\nmodel.qk_norm (QK-norm) and model.pos_embedding=rope act on q and k before the kernel: any kernel."
           "\nmodel.diff_attn (differential attention) calls the kernel twice, on the halves of q and k: any kernel."
           "\nmodel.linear_attn=elu1 (causal linear attention) uses no kernel: gpt.attention.linear computes it."
-          "\nmodel.mla_latent (multi-head latent attention) gives the kernel q and k wider than v: any kernel.")
+          "\nmodel.mla_latent (multi-head latent attention) gives the kernel q and k wider than v: any kernel."
+          "\nmodel.sink_tokens (StreamingLLM, with model.window) is a mask: any kernel.")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "diff": {"diff_attn": True},  # differential attention: two softmax maps per head, the second subtracted
     "linear": {"linear_attn": "elu1"},  # causal linear attention: a running state instead of a KV cache
     "mla": {"mla_latent": 32},  # multi-head latent attention: the cache keeps a 32-wide latent (+ d_R) per token
+    "window": {"window": 16},  # a sliding window of 16 tokens: a KV cache that stops growing
+    "stream": {"window": 16, "sink_tokens": 4},  # the same window plus 4 sink tokens (StreamingLLM)
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
