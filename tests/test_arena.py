@@ -82,6 +82,8 @@ def test_kv_bytes_per_token_counts_only_key_value_heads_and_the_window_ring():
     assert kv_bytes_per_token(linear, "cpu") == 3 * 4 * (8 * 8 + 8) * 4 / 16  # over block_size tokens
     latent = GPT(GPTConfig(**small, mla_latent=10)).eval()  # MLA: the latent (10) and the shared rotated key (4)
     assert kv_bytes_per_token(latent, "cpu") == 3 * (10 + 4) * 4
+    stream = GPT(GPTConfig(**small, window=4, sink_tokens=2)).eval()  # 4 ring slots and 2 sinks: 6 cached tokens
+    assert kv_bytes_per_token(stream, "cpu") == 2 * 3 * 4 * 8 * 4
 
 
 def test_the_side_by_side_map_is_the_last_layers_causal_attention_averaged_over_heads():

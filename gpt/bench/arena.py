@@ -171,15 +171,16 @@ def loss_curve(run_dir: Path, tokens_per_step: int, started: float) -> list[dict
 
 def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
     """Bytes the KV cache holds per cached token: every layer's keys and values (n_kv_head heads), measured on a
-    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context;
-    linear attention holds a fixed state (counted here over block_size tokens, what a full context costs)."""
+    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context
+    (plus its sink tokens' keys, each a cached token too); linear attention holds a fixed state (counted here over
+    block_size tokens, what a full context costs)."""
     from gpt.kv_cache import KVCache
 
     cache = KVCache(model.config, batch_size=1, device=device)
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache)
     held = sum(layer.held_bytes() for layer in cache.layers)  # linear attention: its fixed state, over block_size
-    return held / cache.size
+    return held / (cache.size + cache.sinks)
 
 
 def decode_rate(model: torch.nn.Module, n_tokens: int, device: torch.device) -> float:
