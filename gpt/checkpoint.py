@@ -118,8 +118,10 @@ def resolve(ckpt: str | Path) -> Path:
     if path.is_dir():
         if (path / ".metadata").is_file():  # a sharded step folder itself
             return path
-        found = sharded.committed(path.parent) if path.name == sharded.ROOT else None
-        found = found or ((path / BEST) if (path / BEST).is_file() else latest(path))
+        if path.name == sharded.ROOT:  # a run's ckpt.dcp: its committed step
+            found = sharded.committed(path.parent)
+        else:
+            found = path / BEST if (path / BEST).is_file() else latest(path)
         if found is None:
             raise UserError(f"no checkpoint in {path} (looked for {BEST}, {LATEST} and {sharded.ROOT})",
                             hint="point ckpt= at a run directory that finished at least one evaluation")

@@ -206,7 +206,6 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     from gpt.evaluation.heldout import full_pass
     from gpt.pretrained import load_model
     from gpt.train.trainer import train
-    from gpt.visualize import token_labels
 
     started = time.time()
     summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py")
@@ -227,7 +226,7 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
         "kv_bytes_per_token": kv_bytes_per_token(model, device),
         "decode_tok_s": decode_rate(model, decode_tokens, device), "train_s": summary.wall_s,
         "curve": loss_curve(Path(run.out_dir), tokens_per_step, started),
-        "attention": last_layer_map(model, prompt, device), "map_labels": token_labels(tokenizer, prompt),
+        "attention": last_layer_map(model, prompt, device),
     }
 
 

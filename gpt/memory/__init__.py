@@ -14,10 +14,11 @@ sdpa and flex) keep two of them per head; dropout keeps a one-byte mask per drop
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
 
 import torch
 
@@ -62,11 +63,20 @@ class Plan:
 def count_params(config: GPTConfig) -> tuple[int, int]:
     """(all parameters, parameters of one Block), the tied token embedding counted once: the model itself, built
     on the meta device (no memory), so every variant's extra parameters (QK-norm gains, sinks, lambdas) count."""
+    return _count_params(tuple(sorted(config.to_dict().items())))
+
+
+@functools.lru_cache(maxsize=16)
+def _count_params(fields: tuple[tuple[str, Any], ...]) -> tuple[int, int]:
+    """count_params for a config given as hashable items (the planner asks again for every batch it tries);
+    a one-layer model is built, as every Block has the same parameters."""
     from gpt.model import GPT
 
+    config = GPTConfig(**dict(fields))
     with torch.device("meta"):
-        model = GPT(config)
-    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.transformer.h[0].parameters())
+        model = GPT(replace(config, n_layer=1))
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    return sum(p.numel() for p in model.parameters()) + (config.n_layer - 1) * block, block
 
 
 def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:

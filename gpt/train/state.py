@@ -132,16 +132,21 @@ class Checkpointer:
         rngs = distributed.gather(rng_state(), self.ranks)
         if parallelize.is_sharded(state.model):
             self._save_sharded(state, rngs)
+            weights = parallelize.model_state(state.model) if best else None  # every rank takes part in gathering
         else:
             weights, training = state.model.state_dict(), state.state_dict(rngs)
-            self._main_writes(lambda: self._write(self.run_dir / checkpoint.LATEST, weights, state, training,
-                                                  other=sharded.ROOT))
+            self._main_writes(lambda: self._write_single(weights, state, training))
         if best:
-            weights = parallelize.model_state(state.model)  # FSDP: every rank takes part in gathering it
             self._main_writes(lambda: checkpoint.save(self._model_entries(weights, state), self.run_dir / BEST))
 
+    def _write_single(self, weights: dict[str, torch.Tensor], state: TrainState, training: dict[str, Any]) -> None:
+        """Rank 0: ckpt.pt, then no sharded checkpoint left beside it."""
+        checkpoint.save({**self._model_entries(weights, state), **training}, self.run_dir / checkpoint.LATEST)
+        shutil.rmtree(self.run_dir / sharded.ROOT, ignore_errors=True)
+
     def _save_sharded(self, state: TrainState, rngs: list[dict[str, Any]]) -> None:
-        """DCP writes every rank's shards into a fresh step folder; rank 0 adds meta.pt and commits it."""
+        """DCP writes every rank's shards into a fresh step folder; rank 0 adds meta.pt, commits the folder and
+        removes a ckpt.pt it supersedes."""
         folder = sharded.step_folder(self.run_dir, state.step)
         self._main_writes(lambda: _fresh_folder(folder))  # a save of this step cut short may have left one
         try:
@@ -150,24 +155,15 @@ class Checkpointer:
             raise AbortRun(f"could not write the sharded checkpoint {folder}: {str(err).splitlines()[0][:200]}",
                            hint=f"the previous checkpoint ({sharded.ROOT}/{sharded.POINTER}) is unchanged; "
                                 "free disk space or pick another out_dir") from None
-        training = state.state_dict(rngs, sharded=True)
-        self._main_writes(lambda: self._write(folder / sharded.META, None, state, training, other=checkpoint.LATEST,
-                                              commit=folder))
+        meta = {**self._model_entries(None, state), **state.state_dict(rngs, sharded=True)}
+        del meta["model"]  # its tensors are the shards
 
-    def _write(self, path: Path, weights: dict[str, torch.Tensor] | None, state: TrainState,
-               training: dict[str, Any], other: str, commit: Path | None = None) -> None:
-        """Rank 0: write a checkpoint file (and commit a sharded folder), then delete the other kind's checkpoint."""
-        payload = {**self._model_entries(weights, state), **training}
-        if weights is None:
-            del payload["model"]
-        checkpoint.save(payload, path)
-        if commit is not None:
-            sharded.commit(self.run_dir, commit)
-        other_path = self.run_dir / other
-        if other_path.is_dir():
-            shutil.rmtree(other_path, ignore_errors=True)
-        else:
-            other_path.unlink(missing_ok=True)
+        def commit() -> None:
+            checkpoint.save(meta, folder / sharded.META)
+            sharded.commit(self.run_dir, folder)
+            (self.run_dir / checkpoint.LATEST).unlink(missing_ok=True)
+
+        self._main_writes(commit)
 
     def _model_entries(self, weights: dict[str, torch.Tensor] | None, state: TrainState) -> dict[str, Any]:
         return {**checkpoint.model_entries(weights, self.model_config, self.tokenizer),
