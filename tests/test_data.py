@@ -147,8 +147,9 @@ def test_prepare_with_the_gpt2_tokenizer(text_dir, tmp_path):
 
 
 @needs_gpt2
-@pytest.mark.parametrize("threads", [1, 3])
-def test_the_batch_encoder_gives_encode_ordinary_ids_and_an_end_of_text_per_finished_document(threads):
+def test_the_chunk_encoder_gives_encode_ordinary_ids_and_an_end_of_text_per_finished_document():
+    from concurrent.futures import ThreadPoolExecutor
+
     from gpt.data.encode import GPT2Encoder
 
     tokenizer = GPT2Tokenizer()
@@ -158,8 +159,11 @@ def test_the_batch_encoder_gives_encode_ordinary_ids_and_an_end_of_text_per_fini
     expected = []
     for text, end in zip(texts, ends):
         expected += tokenizer.encoding.encode_ordinary(text) + ([50256] if end else [])
-    ids = GPT2Encoder(tokenizer, threads).encode(texts, ends)
-    assert ids.dtype == np.uint32 and ids.tolist() == expected
+    encoder = GPT2Encoder(tokenizer, np.dtype(np.uint16))
+    with ThreadPoolExecutor(3) as pool:  # as preparation calls it: several threads, each its own encoding
+        results = list(pool.map(lambda _: encoder.encode(texts, ends), range(6)))
+    for ids in results:
+        assert ids.dtype == np.uint16 and ids.tolist() == expected
 
 
 def test_unreachable_gpt2_encoding_says_how_to_provide_it(monkeypatch):

@@ -81,7 +81,7 @@ def test_an_interrupted_preparation_continues_from_its_last_complete_shard(tmp_p
     folder = corpus(tmp_path / "c", n=200)
     cfg = DataConfig(name="r", source="path", path=str(folder), root=str(tmp_path), shard_tokens=2000)
     straight = prepare(DataConfig(**{**cfg.__dict__, "name": "straight"}), **QUIET)
-    monkeypatch.setattr(prep, "BATCH_CHARS", 3000)  # many small batches, so that shards complete between them
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 3000)  # many small batches, so that shards complete between them
     saved = []
     real = prep.save_progress
 
@@ -107,7 +107,7 @@ def test_an_interrupted_preparation_continues_from_its_last_complete_shard(tmp_p
 def test_a_changed_setting_restarts_instead_of_continuing(tmp_path, monkeypatch):
     folder = corpus(tmp_path / "c", n=200)
     cfg = DataConfig(name="r", source="path", path=str(folder), root=str(tmp_path), shard_tokens=2000)
-    monkeypatch.setattr(prep, "BATCH_CHARS", 3000)
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 3000)
     real = prep.save_progress
 
     def crash(staging, progress):

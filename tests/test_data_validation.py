@@ -160,7 +160,7 @@ def interrupt_after(count: int, monkeypatch, how) -> None:
             how()
 
     monkeypatch.setattr(prep, "save_progress", save_then_stop)
-    monkeypatch.setattr(prep, "BATCH_CHARS", 3000)
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 3000)
 
 
 @pytest.mark.parametrize("how, name", [(lambda: os.kill(os.getpid(), signal.SIGTERM), "SIGTERM"),

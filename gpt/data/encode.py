@@ -1,16 +1,16 @@
 """From documents to token ids: the train/validation split by whole documents, and batch encoders.
 
-The GPT-2 encoder ends every document with <|endoftext|> (id 50256) and encodes a batch of documents on
-``num_threads`` threads (tiktoken releases the GIL) straight into numpy arrays. The character encoder
-joins documents with nothing between them, as this framework always has (a character vocabulary has no
-end-of-text symbol), and maps code points through a lookup table.
+Both encoders turn a chunk of documents into one array of ids of the shard dtype, and are safe to call from
+several threads at once (gpt.data.prepare encodes chunks on ``data.num_proc`` threads). The GPT-2 encoder
+ends every document with <|endoftext|> (id 50256); tiktoken releases the GIL while it encodes. The character
+encoder joins documents with nothing between them, as this framework always has (a character vocabulary has
+no end-of-text symbol), and maps code points through a lookup table.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 
 import numpy as np
@@ -66,10 +66,11 @@ def route_by_position(docs: list[str], val_fraction: float) -> Iterator[tuple[in
 class CharEncoder:
     """Character ids through a code-point lookup table (a Python loop is 50x slower)."""
 
-    def __init__(self, tokenizer: tok.CharTokenizer) -> None:
+    def __init__(self, tokenizer: tok.CharTokenizer, dtype: np.dtype) -> None:
         codes = [ord(c) for c in tokenizer.chars]
         self.table = np.full(max(codes, default=0) + 2, -1, dtype=np.int64)  # the last entry: any larger code
         self.table[codes] = np.arange(tokenizer.vocab_size)
+        self.dtype = np.dtype(dtype)
 
     def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
         text = "".join(texts)
@@ -78,11 +79,11 @@ class CharEncoder:
         if (ids < 0).any():
             bad = text[int(np.argmax(ids < 0))]
             raise UserError(f"character {bad!r} is not in the character vocabulary")
-        return ids
+        return ids.astype(self.dtype)
 
 
 class GPT2Encoder:
-    """GPT-2 BPE of a batch of documents on ``num_threads`` threads, <|endoftext|> after each document's end.
+    """GPT-2 BPE of a chunk of documents, <|endoftext|> after each document's end, as one array of ``dtype``.
 
     Each document goes through tiktoken's ``encode_to_numpy`` (its Rust encoder releases the GIL and hands back
     a uint32 buffer: no Python int per token), which gives encode_ordinary's ids: no special token is parsed.
@@ -90,10 +91,9 @@ class GPT2Encoder:
     an encoding gets its regex's fast path; others share a slower one (measured on 50 MB: two threads sharing
     one encoding 1.3x the speed of one thread, with one each 2.0x)."""
 
-    def __init__(self, tokenizer: tok.GPT2Tokenizer, num_threads: int) -> None:
-        self.encoding, self.num_threads = tokenizer.encoding, num_threads
+    def __init__(self, tokenizer: tok.GPT2Tokenizer, dtype: np.dtype | type = np.uint32) -> None:
+        self.encoding, self.dtype = tokenizer.encoding, np.dtype(dtype)
         self.eot = np.array([tokenizer.eot_token], dtype=np.uint32)
-        self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="bpe") if num_threads > 1 else None
         self.local = threading.local()
 
     def thread_encoding(self) -> tiktoken.Encoding:
@@ -114,18 +114,18 @@ class GPT2Encoder:
             return np.asarray(encoding.encode_ordinary(text), dtype=np.uint32)
 
     def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
-        if self.pool is not None and len(texts) > 1:
-            arrays = list(self.pool.map(self.encode_one, texts))
-        else:
-            arrays = [self.encode_one(t) for t in texts]
-        pieces = [piece for ids, end in zip(arrays, ends) for piece in ((ids, self.eot) if end else (ids,))]
-        return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
+        pieces = [piece for text, end in zip(texts, ends)
+                  for piece in ((self.encode_one(text), self.eot) if end else (self.encode_one(text),))]
+        if not pieces:
+            return np.empty(0, dtype=self.dtype)
+        return np.concatenate(pieces, dtype=self.dtype, casting="same_kind")  # one copy, cast on the way
 
 
-def make_encoder(tokenizer: tok.Tokenizer, num_threads: int) -> CharEncoder | GPT2Encoder:
+def make_encoder(tokenizer: tok.Tokenizer, dtype: np.dtype) -> CharEncoder | GPT2Encoder:
+    """The encoder for ``tokenizer``, giving ids of ``dtype`` (the shards' dtype)."""
     if isinstance(tokenizer, tok.CharTokenizer):
-        return CharEncoder(tokenizer)
-    return GPT2Encoder(tokenizer, num_threads)
+        return CharEncoder(tokenizer, dtype)
+    return GPT2Encoder(tokenizer, dtype)
 
 
 def text_bytes(text: str) -> int:

@@ -1,11 +1,11 @@
 """Turn a corpus into data/<name>/: fixed-size token shards per split plus meta.json describing them.
 
 Documents stream from the source (memory does not grow with the corpus), are split into train and
-validation by whole documents, encoded in batches on ``data.num_proc`` threads (while the next batch is
-read) and appended to shards
-of ``data.shard_tokens`` tokens in a staging folder. A checkpoint after every completed shard lets an
-interrupted preparation continue from there; the finished folder replaces the old one only once complete.
-One process prepares a data set at a time (gpt.data.lock); gpt.data.meta checks a prepared folder when opened.
+validation by whole documents, encoded in chunks on ``data.num_proc`` threads (while the main thread reads
+on) and appended in order to shards of ``data.shard_tokens`` tokens in a staging folder. A checkpoint after
+every completed shard lets an interrupted preparation continue from there; the finished folder replaces the
+old one only once complete. One process prepares a data set at a time (gpt.data.lock); gpt.data.meta checks
+a prepared folder when opened.
 
 meta.json (version 2)::
 
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
@@ -44,8 +45,8 @@ from gpt.data.sources import Source, format_source, path_source, stdlib_source, 
 from gpt.errors import UserError
 
 PROGRESS_FILE = "progress.json"
-BATCH_CHARS = 4_000_000  # text encoded per batch: enough documents to keep every thread busy
-BATCH_DOCS = 8192
+CHUNK_CHARS = 1_000_000  # text per chunk: one thread's unit of work (about 0.07 s of GPT-2 BPE)
+CHUNK_DOCS = 4096
 WRITE_HINT = "free disk space or choose another data.root"
 REPLACE_HINT = "pass data.name=<another folder> to keep both, or data.rebuild=true to replace it"
 
@@ -211,22 +212,23 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
             save_progress(staging, {"key": key, "documents_read": read[0], "empty": read[1], "stats": stats,
                                     "writers": {s: w.state() for s, w in writers.items()}})
 
-    pipeline = BatchPipeline(make_encoder(tokenizer, cfg.num_proc or os.cpu_count() or 1), writers, stats,
-                             Progress(source.total, log, done=start), written)
-    batch: dict[str, tuple[list[str], list[bool]]] = {s: ([], []) for s in SPLITS}
+    encoder = make_encoder(tokenizer, dtype)
+    pipeline = EncodePipeline(encoder, cfg.num_proc or os.cpu_count() or 1, writers, stats,
+                              Progress(source.total, log, done=start), written)
+    chunk: Chunk = {s: ([], []) for s in SPLITS}
     size, index = 0, start - 1
     try:
         for index, split, text, end in route(islice(source.documents(), start, None), cfg.val_fraction, start):
             if not text:
                 empty += end
                 continue
-            batch[split][0].append(text)
-            batch[split][1].append(end)
+            chunk[split][0].append(text)
+            chunk[split][1].append(end)
             size += len(text)
-            if size >= BATCH_CHARS or len(batch[split][0]) >= BATCH_DOCS:
-                pipeline.submit(batch, (index + 1, empty))
-                batch, size = {s: ([], []) for s in SPLITS}, 0
-        pipeline.submit(batch, (index + 1, empty))
+            if size >= CHUNK_CHARS or len(chunk[split][0]) >= CHUNK_DOCS:
+                pipeline.submit(chunk, (index + 1, empty))
+                chunk, size = {s: ([], []) for s in SPLITS}, 0
+        pipeline.submit(chunk, (index + 1, empty))
         pipeline.finish()
     finally:
         pipeline.stop()
@@ -243,35 +245,40 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
                        "settings": settings(cfg), "documents": index + 1, "empty_documents": empty}}
 
 
-class BatchPipeline:
-    """Encodes a batch of documents on a background thread while the main thread reads the next batch from
-    the source, and appends the batches to the shard writers in order (one batch in flight at a time)."""
+Chunk = dict[str, tuple[list[str], list[bool]]]  # split -> (texts, whether each ends its document)
 
-    def __init__(self, encoder: CharEncoder | GPT2Encoder, writers: dict[str, ShardWriter],
+
+class EncodePipeline:
+    """Encodes chunks of documents on ``num_threads`` threads while the main thread reads on, and appends each
+    chunk to the shard writers in reading order once it and every chunk before it are encoded.
+
+    Up to 2 * num_threads + 2 chunks are in flight, so a thread never waits for the others to finish a batch
+    (a long document holds up one thread, not all of them) and memory stays bounded."""
+
+    def __init__(self, encoder: CharEncoder | GPT2Encoder, num_threads: int, writers: dict[str, ShardWriter],
                  stats: dict[str, dict[str, int]], progress: Progress,
                  written: Callable[[tuple[int, int]], None]) -> None:
         self.encoder, self.writers, self.stats, self.progress, self.written = encoder, writers, stats, progress, written
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="encode")
-        self.pending: tuple[Future, tuple[int, int]] | None = None
+        self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="encode")
+        self.depth = 2 * num_threads + 2
+        self.in_flight: deque[tuple[Future, tuple[int, int]]] = deque()
 
-    def submit(self, batch: dict[str, tuple[list[str], list[bool]]], read: tuple[int, int]) -> None:
-        """Start encoding ``batch``, then write the previous batch while this one encodes. ``read``: the documents
-        read from the source and the empty ones among them once ``batch`` is written (its resume point)."""
-        future = self.thread.submit(self._encode, {s: job for s, job in batch.items() if job[0]})
-        self._write_pending()
-        self.pending = (future, read)
+    def submit(self, chunk: Chunk, read: tuple[int, int]) -> None:
+        """Start encoding ``chunk``, writing the finished chunks at the head of the queue meanwhile. ``read``: the
+        documents read from the source and the empty ones among them once ``chunk`` is written (its resume point)."""
+        self.in_flight.append((self.pool.submit(self._encode, {s: job for s, job in chunk.items() if job[0]}), read))
+        while self.in_flight and (len(self.in_flight) > self.depth or self.in_flight[0][0].done()):
+            self._write_oldest()
 
-    def _encode(self, jobs: dict[str, tuple[list[str], list[bool]]]) -> dict[str, tuple[np.ndarray, int, int]]:
+    def _encode(self, jobs: Chunk) -> dict[str, tuple[np.ndarray, int, int]]:
         return {split: (self.encoder.encode(texts, ends), sum(text_bytes(t) for t in texts), sum(ends))
                 for split, (texts, ends) in jobs.items()}
 
-    def _write_pending(self) -> None:
-        if self.pending is None:
-            return
-        (future, read), self.pending = self.pending, None
+    def _write_oldest(self) -> None:
+        future, read = self.in_flight.popleft()
         documents = tokens = 0
         for split, (ids, n_bytes, n_documents) in future.result().items():
-            self.writers[split].append(ids.astype(self.writers[split].dtype))
+            self.writers[split].append(ids)
             self.stats[split]["bytes"] += n_bytes
             self.stats[split]["documents"] += n_documents
             documents, tokens = documents + n_documents, tokens + ids.size
@@ -279,12 +286,13 @@ class BatchPipeline:
         self.written(read)
 
     def finish(self) -> None:
-        """Write the batch still in flight and close the progress display."""
-        self._write_pending()
+        """Write the chunks still in flight and close the progress display."""
+        while self.in_flight:
+            self._write_oldest()
         self.progress.close()
 
     def stop(self) -> None:
-        self.thread.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def save_progress(staging: Path, progress: dict[str, Any]) -> None:
