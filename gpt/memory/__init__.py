@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from gpt.config import AttentionConfig, GPTConfig, ModelConfig
 from gpt.device import PRECISIONS
@@ -66,6 +67,16 @@ def count_params(config: GPTConfig) -> tuple[int, int]:
     return _count_params(tuple(sorted(config.to_dict().items())))
 
 
+class _WithoutRandomInit(TorchFunctionMode):
+    """Skips normal initialisation, meaningless on meta tensors: the first normal_ of a meta tensor in a process
+    takes 0.8 s (torch sets up its meta implementation), which every launch that plans its memory would pay."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 @functools.lru_cache(maxsize=16)
 def _count_params(fields: tuple[tuple[str, Any], ...]) -> tuple[int, int]:
     """count_params for a config given as hashable items (the planner asks again for every batch it tries);
@@ -73,7 +84,7 @@ def _count_params(fields: tuple[tuple[str, Any], ...]) -> tuple[int, int]:
     from gpt.model import GPT
 
     config = GPTConfig(**dict(fields))
-    with torch.device("meta"):
+    with torch.device("meta"), _WithoutRandomInit():
         model = GPT(replace(config, n_layer=1))
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     return sum(p.numel() for p in model.parameters()) + (config.n_layer - 1) * block, block
