@@ -3,10 +3,11 @@
 import csv
 import re
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import ROOT, run_script
+from conftest import ROOT, needs_gpt2, run_script
 from gpt import attention
 from gpt.bench.attention import BenchAttentionConfig, Result, tables
 from gpt.bench.train import BenchTrainConfig
@@ -129,3 +130,29 @@ def test_tables_show_a_footnote_for_each_distinct_reason():
     assert "| sdpa | fwd | 1.50 |" in text and "| flex | fwd+bwd | - [1] |" in text
     assert "| manual | fwd | - [2] |" in text
     assert "[1] no backward here" in text and "[2] timeout" in text
+
+
+@pytest.mark.slow
+@needs_gpt2
+def test_bench_data_prepares_with_each_thread_count_and_reports_medians_and_speedups(tmp_path):
+    result = run_script("bench_data", "--sizes", "1", "--procs", "1", "2", "--repeat", "1", "--work", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for what in ("prepare, 1 thread(s)", "prepare, 2 thread(s)", "train.py: launch to the first step's log line",
+                 "baseline: one encode_ordinary call"):
+        assert f"| 1 | {what} |" in result.stdout
+    assert re.search(r"1 MB: prepare, 2 thread\(s\) is \d+\.\d\dx one thread", result.stdout)
+    one, two = (np.fromfile(tmp_path / "data" / "bench_1mb" / "train_000000.bin", dtype=np.uint16),
+                np.fromfile(tmp_path / "base.bin", dtype=np.uint16))
+    assert one.size > 0 and np.count_nonzero(one == 50256) > 0  # documents end with <|endoftext|>
+    assert np.array_equal(one[one != 50256][:1000], two[:1000])  # the same BPE as one encode_ordinary call
+
+
+def test_bench_data_reports_the_median_run_and_the_speedup_from_medians():
+    from gpt.bench.data import median_row, speedups
+
+    runs = [dict(wall_s=w + 1, work_s=w, tokens=100, peak=2**20 * p) for w, p in ((3.0, 5), (2.0, 7), (4.0, 6))]
+    row = median_row(runs, 10**6, "prepare, 1 thread(s)")
+    assert row["work_s"] == 3.0 and row["wall_s"] == 4.0 and row["runs"] == [3.0, 2.0, 4.0]
+    assert row["peak_mib"] == 7 and row["mb_s"] == pytest.approx(1 / 3)
+    two = median_row([dict(wall_s=2.5, work_s=1.5, tokens=100, peak=0)], 10**6, "prepare, 2 thread(s)")
+    assert speedups([row, two]) == ["1 MB: prepare, 2 thread(s) is 2.00x one thread (3.00 s / 1.50 s)"]
