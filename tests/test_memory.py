@@ -27,6 +27,14 @@ CASES = {  # sizes, batch, precision, activation checkpointing
     "manual attention keeps T x T scores": ({**GQA_ROPE, "n_kv_head": None, "pos_embedding": "learned",
                                              "attention": "manual"}, 8, "fp32", False),
     "rope and grouped-query attention": (GQA_ROPE, 8, "fp32", False),
+    "linear attention's own T x T weights": ({**SMALL, "block_size": 128, "linear_attn": "elu1"}, 8, "fp32", False),
+    "linear attention, grouped, bf16": ({**SMALL, "linear_attn": "elu1", "n_kv_head": 2}, 8, "bf16", False),
+    "diff attention on SDPA's math backend": ({**SMALL, "block_size": 128, "diff_attn": True}, 8, "fp32", False),
+    "diff attention, bf16 (float32 maps)": ({**SMALL, "diff_attn": True}, 8, "bf16", False),
+    "diff attention, manual kernel": ({**SMALL, "diff_attn": True, "attention": "manual"}, 8, "fp32", False),
+    "MLA on SDPA's math backend": ({**SMALL, "block_size": 128, "mla_latent": 32}, 8, "fp32", False),
+    "MLA, bf16 (float32 q, k, v, maps)": ({**SMALL, "block_size": 128, "mla_latent": 16, "mla_rope_dim": 16}, 8,
+                                          "bf16", False),
 }
 
 

@@ -107,7 +107,32 @@ def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
         saved += 2 * n * c  # the residual dropouts' masks (one byte per element)
         if config.attention not in MEMORY_EFFICIENT_KERNELS:
             saved += batch * h * seq * seq
-    return saved
+    return saved + variant_activations(config, batch, seq, act)
+
+
+def variant_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
+    """Bytes one Block's attention variant keeps beyond softmax attention through the configured kernel: the
+    tensors autograd saves, counted with saved-tensor hooks on CPU (tests/test_memory.py checks the totals).
+
+    Their (B, nh, T, T) maps: linear attention computes its masked weights itself. diff_attn and mla_latent give
+    SDPA q and k narrower or wider than v, which its fused kernels refuse on the CPU, so its math backend runs
+    them, keeping each call's probabilities in float32 whatever the precision. On CUDA the memory-efficient kernel
+    may take those shapes (not measured: no GPU); the plan is then high by those maps."""
+    n, c, h = batch * seq, config.n_embd, config.n_head
+    kv = config.n_kv_head * config.head_dim
+    one_map = batch * h * seq * seq * act
+    fused = config.attention in MEMORY_EFFICIENT_KERNELS
+    math_map = batch * h * seq * seq * 4  # probabilities kept by SDPA's math backend (float32)
+    if config.linear_attn is not None:  # the weights; phi(q), phi(k), elu's outputs, the numerator: no kernel at all
+        return one_map - (0 if fused else 2 * one_map) + n * act * (4 * c + 2 * kv)
+    if config.diff_attn:  # a second kernel call; both halves' q and k, both outputs, their difference
+        upcast = n * (4 - act) * 2 * 2 * c if fused else 0  # each call's float32 q, k (hs/2 each) and v
+        return 2 * (math_map if fused else one_map) + upcast + n * act * (4 * c + 2 * (c - kv))
+    if config.mla_latent is not None:  # q, k of hs + d_R per head, the latent; no c_attn output, no log-sum-exp
+        d_r = config.mla_rope_dim or 0
+        upcast = n * (4 - act) * (3 * c + 2 * h * d_r) if fused else 0  # the math backend's float32 q, k, v
+        return (math_map if fused else 0) + upcast + n * act * (config.mla_latent + 2 * h * d_r) - n * 4 * h
+    return 0
 
 
 def activations(config: GPTConfig, batch: int, seq: int, act: int, checkpointing: bool) -> int:
