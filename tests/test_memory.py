@@ -39,6 +39,7 @@ CASES = {  # sizes, batch, precision, activation checkpointing
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # diff's RMSNorm in bf16 on CPU
 def test_planned_peak_is_within_15_percent_of_the_measured_live_tensor_peak(case):
     sizes, batch, precision, checkpointing = CASES[case]
     config = GPTConfig(**sizes)
