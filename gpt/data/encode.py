@@ -114,8 +114,11 @@ class GPT2Encoder:
             return np.asarray(encoding.encode_ordinary(text), dtype=np.uint32)
 
     def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
-        pieces = [piece for text, end in zip(texts, ends)
-                  for piece in ((self.encode_one(text), self.eot) if end else (self.encode_one(text),))]
+        pieces = []
+        for text, end in zip(texts, ends):
+            pieces.append(self.encode_one(text))
+            if end:
+                pieces.append(self.eot)
         if not pieces:
             return np.empty(0, dtype=self.dtype)
         return np.concatenate(pieces, dtype=self.dtype, casting="same_kind")  # one copy, cast on the way

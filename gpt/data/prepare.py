@@ -212,8 +212,7 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
             save_progress(staging, {"key": key, "documents_read": read[0], "empty": read[1], "stats": stats,
                                     "writers": {s: w.state() for s, w in writers.items()}})
 
-    encoder = make_encoder(tokenizer, dtype)
-    pipeline = EncodePipeline(encoder, cfg.num_proc or os.cpu_count() or 1, writers, stats,
+    pipeline = EncodePipeline(make_encoder(tokenizer, dtype), cfg.num_proc or os.cpu_count() or 1, writers, stats,
                               Progress(source.total, log, done=start), written)
     chunk: Chunk = {s: ([], []) for s in SPLITS}
     size, index = 0, start - 1

@@ -69,7 +69,7 @@ def count_params(config: GPTConfig) -> tuple[int, int]:
 
 class _WithoutRandomInit(TorchFunctionMode):
     """Skips normal initialisation, meaningless on meta tensors: the first normal_ of a meta tensor in a process
-    takes 0.8 s (torch sets up its meta implementation), which every launch that plans its memory would pay."""
+    takes 0.8 s (torch sets up its meta implementation), which python -m gpt.memory paid on every call."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func in (torch.nn.init.normal_, torch.Tensor.normal_):

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
@@ -93,16 +100,7 @@ def apply_fsdp(model: GPT, device: torch.device, precision: str) -> GPT:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    dtensor = _dtensor_class()
-    return dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters())
-
-
-def _dtensor_class() -> type | None:
-    """DTensor once torch.distributed.tensor is imported (FSDP imports it), else None: no tensor can be one then.
-    torch.distributed.tensor and torch.distributed.checkpoint are imported only where sharding needs them, as
-    they add 0.5 s to every launch."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module.DTensor if module is not None else None
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def gradient_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
@@ -118,8 +116,7 @@ def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float) -> torch.Te
     tensor, by which every shard is scaled alike."""
     grads = [p.grad for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, 2.0)
-    dtensor = _dtensor_class()
-    if dtensor is not None and isinstance(total, dtensor):
+    if isinstance(total, DTensor):
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
     return total
@@ -130,8 +127,6 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     only rank 0 receives the tensors), the usual one otherwise."""
     if not is_sharded(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
@@ -139,8 +134,6 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     """The optimizer's full state dict (keyed by parameter name when sharded); every rank calls it."""
     if not is_sharded(model):
         return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
     if not optimizer.state:  # before the first step: get_optimizer_state_dict would take a step of zeros to make one
         return {"state": {}, "param_groups": named_param_groups(model, optimizer)}
     return get_optimizer_state_dict(model, optimizer,
@@ -157,8 +150,6 @@ def named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> li
 def sharded_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """This rank's part of every model and optimizer tensor, flat-keyed as gpt.sharded_checkpoint stores them
     (``model.<name>``, ``optim.state.<name>.<key>``); no optimizer entries before its first step."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
     from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX
 
     tensors = {MODEL_PREFIX + name: t for name, t in get_model_state_dict(model).items()}
@@ -173,11 +164,6 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
     """Every rank reads its part of a sharded checkpoint into the model and the optimizer (any world size, with
     or without FSDP: DCP reshards). An optimizer saved before its first step keeps its fresh state."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
 
     from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, tensor_shapes, unflatten
 
@@ -196,8 +182,6 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a full state dict into the model, each rank keeping its shard when sharded."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     if not is_sharded(model):
         model.load_state_dict(state)
         return
@@ -206,8 +190,6 @@ def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load an optimizer state written with or without FSDP (keyed by position or by parameter name)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     if not state["state"]:  # saved before the first step: nothing but hyperparameters, which the run sets
         return
     by_name = any(isinstance(key, str) for key in state["state"])
