@@ -71,6 +71,15 @@ def save_char_model(path: Path, chars: str, **sizes: int) -> None:
                      "tokenizer": CharTokenizer(list(chars)).to_meta()}, path)
 
 
+def dotted_global_pickle(module: str, name: str, argument: str) -> bytes:
+    """A protocol-4 pickle that calls ``module``'s attribute path ``name`` (e.g. "os.mkdir") with ``argument``:
+    the way a crafted .metadata reaches what an allowed module imported."""
+    def text(s: str) -> bytes:
+        data = s.encode()
+        return b"X" + len(data).to_bytes(4, "little") + data  # BINUNICODE
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(argument) + b"\x85R."  # STACK_GLOBAL TUPLE1 REDUCE
+
+
 def run_script(
     name: str, *args: str, cwd: Path | None = None, timeout: int = 300, input: str | None = None,
     env: dict[str, str] | None = None,

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from conftest import run_script, save_char_model
+from conftest import dotted_global_pickle, run_script, save_char_model
 from gpt import checkpoint
 from gpt.errors import UserError
 
@@ -60,3 +60,25 @@ def test_damaged_checkpoints_are_user_errors(tmp_path, damage):
 def test_generate_on_an_empty_run_directory(tmp_path):
     result = run_script("generate", f"ckpt={tmp_path}", "device=cpu")
     assert result.returncode == 2 and "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
+
+
+def archive_with_pickle(path, pickled: bytes) -> None:
+    """A torch archive (zip) whose data.pkl is ``pickled``: what a crafted ckpt.pt or meta.pt can hold."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save({}, buffer)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as src, zipfile.ZipFile(path, "w") as out:
+        for item in src.infolist():
+            out.writestr(item, pickled if item.filename.endswith("data.pkl") else src.read(item))
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "meta.pt"])
+def test_a_dotted_global_in_an_archive_is_refused_without_running_it(tmp_path, name):
+    marker = tmp_path / "pwned"
+    path = tmp_path / name
+    archive_with_pickle(path, dotted_global_pickle("torch.serialization", "os.mkdir", str(marker)))
+    with pytest.raises(UserError, match="refusing to load it"):
+        checkpoint.load_archive(path)
+    assert not marker.exists()

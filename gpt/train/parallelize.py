@@ -163,9 +163,7 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
                  param_groups: list[dict[str, Any]]) -> None:
     """Every rank reads its part of a sharded checkpoint into the model and the optimizer (any world size, with
     or without FSDP: DCP reshards). An optimizer saved before its first step keeps its fresh state."""
-    import torch.distributed.checkpoint as dcp
-
-    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, tensor_shapes, unflatten
+    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, dcp_load, tensor_shapes, unflatten
 
     with_optimizer = bool(tensor_shapes(Path(folder), OPTIM_PREFIX))
     if with_optimizer and not optimizer.state:
@@ -173,7 +171,7 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
     tensors = sharded_tensors(model, optimizer)
     if not with_optimizer:
         tensors = {k: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
-    dcp.load(tensors, checkpoint_id=folder)
+    dcp_load(tensors, Path(folder))
     model_state, optimizer_state = unflatten(tensors)
     set_model_state_dict(model, model_state)
     if with_optimizer:
