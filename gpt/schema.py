@@ -58,6 +58,7 @@ SCHEMAS = {
     "bench_train": "gpt.bench.train:BenchTrainConfig",
     "arena": "gpt.bench.arena:ArenaConfig",
     "memory": "gpt.memory:MemoryConfig",
+    "serve": "gpt.serve.config:ServeConfig",
 }
 
 
