@@ -59,6 +59,7 @@ SCHEMAS = {
     "arena": "gpt.bench.arena:ArenaConfig",
     "memory": "gpt.memory:MemoryConfig",
     "serve": "gpt.serve.config:ServeConfig",
+    "bench_serve": "gpt.bench.serve:BenchServeConfig",
 }
 
 

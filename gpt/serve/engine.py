@@ -25,7 +25,7 @@ from gpt.errors import UserError
 from gpt.generate import TextStream
 from gpt.kv_cache import KVCache
 from gpt.model import GPT
-from gpt.sampling import sample_next
+from gpt.sampling import sample_rows
 from gpt.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
@@ -214,7 +214,9 @@ class Engine:
         for seq, start in zip(rows, starts):
             seq.start = start
         dead = sum(s.done for s in rows)
-        if self._cache is None or joined or slid or 2 * dead >= len(rows):
+        # a finished row stops growing, so it never slides: a full cache (its context the longest) rebuilds too
+        full = self._cache is not None and self._cache.length >= self.model.config.block_size
+        if self._cache is None or joined or slid or full or 2 * dead >= len(rows):
             self._rows = rows = [s for s in rows if not s.done]
             if not rows:
                 self._cache = None
@@ -237,17 +239,20 @@ class Engine:
         return logits
 
     def _sample(self, rows: list[Sequence], logits: Tensor) -> None:
-        """Each live row's next token from its own logits (B, vocab) and generator; the outputs delivered."""
-        tokens, outputs = [], []
+        """Each live row's next token from its logits (B, vocab) and its own generator, rows with the same settings
+        drawn together (gpt.sampling.sample_rows); the outputs delivered."""
+        groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(rows):
-            if seq.done:  # kept in the batch until the next rebuild; what it is fed does not matter
-                tokens.append(seq.ids[-1])
-                continue
-            s = seq.sampling
-            token = int(sample_next(logits[i : i + 1], s.temperature, s.top_k, s.top_p, seq.generator))
-            tokens.append(token)
-            outputs.append((seq, seq.take(token)))
+            if not seq.done:  # a finished row stays until the next rebuild; what it is fed does not matter
+                s = seq.sampling
+                groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+        tokens = [seq.ids[-1] for seq in rows]
+        for (temperature, top_k, top_p), members in groups.items():
+            drawn = sample_rows(logits[members], temperature, top_k, top_p, [rows[i].generator for i in members])
+            for i, token in zip(members, drawn.flatten().tolist()):
+                tokens[i] = token
         self._next = torch.tensor(tokens, device=self.device).view(-1, 1)
+        outputs = [(rows[i], rows[i].take(tokens[i])) for members in groups.values() for i in members]
         for seq, output in outputs:
             seq.deliver(output)
 

@@ -22,12 +22,14 @@ API_KEY_VARIABLE = "GPT_SERVE_API_KEY"
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (port 0: a free one), or a UserError saying why not."""
+    """A listening socket on host:port (port 0: a free one), or a UserError saying why not. Connections made before
+    the server runs wait in its backlog."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)
     except OSError as err:
         sock.close()
         raise UserError(f"cannot listen on {host}:{port}: {err.strerror or err}",
