@@ -145,6 +145,14 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
                            "model_not_found")
         return models[name]
 
+    add_api_routes(app, models, served, max_body_bytes)
+    add_page_routes(app, models, served, max_body_bytes)
+    return app
+
+
+def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_bytes: int) -> None:
+    """OpenAI's routes, and /health."""
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "models": {name: s.engine.load() for name, s in models.items()}}
@@ -180,9 +188,6 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
         if body.stream:
             return event_stream(chat_chunks(job, body))
         return await unless_disconnected(request, chat_response(job, body))
-
-    add_page_routes(app, models, served, max_body_bytes)
-    return app
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -3,8 +3,8 @@ transformers keeps in tokenizer_config.json) turns a conversation into the promp
 
 The template is untrusted (it comes from a file): it is rendered in Jinja's immutable sandbox inside a process of
 its own (gpt/serve/template_worker.py), with its memory capped and its time limited; the server only reads back the
-text. Special tokens the tokenizer reserves (ChatML's <|im_start|> and <|im_end|>, end-of-text) are inserted by id,
-never tokenized from text, so text in a message cannot forge them.
+text. Special tokens the tokenizer reserves (ChatML's <|im_start|> and <|im_end|>, end-of-text) are inserted by id
+where the template writes them; a message holding one's text is refused, so no message can forge a turn.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gpt.tokenizer import Tokenizer
 MAX_SOURCE_CHARS = 64 * 1024  # a template is a few hundred to a few thousand characters
 RENDER_SECONDS = 2.0  # one rendering takes about a millisecond; a runaway loop is stopped here
 RENDER_MEMORY = 512 * 2**20  # the renderer process's address space
+START_SECONDS = 60.0  # the renderer's start (a Python interpreter importing Jinja), however loaded the machine
 END_OF_TURN = "<|im_end|>"  # ChatML's end of a message: a chat reply stops there
 WORKER = Path(__file__).with_name("template_worker.py")
 
@@ -61,10 +62,16 @@ class Renderer:
         return answer["text"]
 
     def _start(self) -> subprocess.Popen:
+        """The worker, started if needed and waited for until it has imported Jinja (not part of any time limit)."""
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
                 [sys.executable, "-I", str(WORKER), str(self.memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 text=True, encoding="utf-8")
+            assert self._process.stdout is not None
+            ready, _, _ = select.select([self._process.stdout], [], [], START_SECONDS)
+            if not ready or not self._process.stdout.readline():
+                self.close()
+                raise ChatTemplateError("the chat template renderer did not start (is jinja2 installed?)")
         return self._process
 
     def close(self) -> None:
@@ -109,7 +116,13 @@ class ChatTemplate:
         self.stop = tuple(t for t in ends if t not in self.specials and t in source)
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for these messages, ending where the assistant's reply begins."""
+        """The prompt text for these messages, ending where the assistant's reply begins. A message whose text holds
+        a special token's text is refused: encode() would turn it into the token, letting text forge a turn."""
+        for i, message in enumerate(messages):
+            forged = [s for s in self.specials if s in message.get("content", "")]
+            if forged:
+                raise ChatTemplateError(f"messages.{i}.content holds the text of the special token {forged[0]}, "
+                                        "which only the chat template may write")
         return self.renderer.ask({"source": self.source, "messages": messages, "variables": self.variables})
 
     def encode(self, text: str) -> list[int]:

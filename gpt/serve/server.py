@@ -78,7 +78,11 @@ def run(cfg: ServeConfig) -> None:
     print(f"serving at {url}/ (the attention page) and {url}/v1 (the OpenAI API); Ctrl-C stops", flush=True)
     app = create_app(models, key, cfg.max_body_bytes, renderer)
     config = uvicorn.Config(app, log_level="info", access_log=cfg.log_requests, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn has shut down cleanly, then re-raises the Ctrl-C it caught
+        pass
+    print("stopped")
 
 
 @contextmanager

@@ -69,6 +69,7 @@ def main():
     limit = int(sys.argv[1])
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     env, compiled = environment(), {}
+    print(json.dumps({"ready": True}), flush=True)  # imports done: the server's time limits start now
     for line in sys.stdin:
         print(json.dumps(answer(env, compiled, json.loads(line))), flush=True)
 
