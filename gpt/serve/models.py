@@ -38,7 +38,8 @@ class Served:
         config = self.model.config
         defaults = GPTConfig()
         options = {f.name: getattr(config, f.name) for f in fields(GPTConfig)
-                   if f.name not in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+                   if f.name not in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout",
+                                     "attention_backend")
                    and getattr(config, f.name) != getattr(defaults, f.name)
                    and not (f.name == "n_kv_head" and config.n_kv_head == config.n_head)}
         return {"id": self.name, "n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd,
