@@ -1,4 +1,4 @@
-"""Serving throughput at 1, 4 and 16 concurrent clients: python scripts/bench_serve.py [ckpt=<run>] ["clients=[1,4,16]"]"""
+"""Serving throughput at 1, 4 and 16 concurrent clients: python scripts/bench_serve.py [ckpt=<run>] [requests=64]"""
 
 import hydra
 from omegaconf import DictConfig

@@ -66,7 +66,8 @@ def run(cfg: ServeConfig) -> None:
     models = load_models(cfg, renderer)
     for served in models.values():
         c = served.model.config
-        chat = "chat template" if served.chat else f"no chat ({served.chat_problem.removeprefix('this model ')})"
+        chat = ("a chat template" if served.chat else "no chat template" if "has no chat" in served.chat_problem
+                else served.chat_problem.replace("this model's", "its"))
         print(f"model {served.name}: {served.model.num_params() / 1e6:.2f}M parameters, {c.n_layer} layers, "
               f"{c.n_head} heads, context {c.block_size}, attention={c.attention}; {chat}")
     key = cfg.api_key or os.environ.get(API_KEY_VARIABLE) or None

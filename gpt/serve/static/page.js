@@ -193,7 +193,12 @@ class Pane {
   }
 }
 
-const panes = [...document.querySelectorAll(".pane")].map((el) => new Pane(el));
+const panes = [0, 1].map((i) => {
+  const el = document.getElementById("pane").content.firstElementChild.cloneNode(true);
+  el.dataset.pane = i;
+  document.getElementById("panes").appendChild(el);
+  return new Pane(el);
+});
 let running = null;
 
 async function loadModels() {
