@@ -125,6 +125,8 @@ class Trainer:
                                 * self.model_config.block_size)
         self.throughput = metrics.Throughput(self.tokens_per_step)
         self.n_params = self.state.model.num_params()
+        self.params = list(self.state.model.parameters())  # clipped every step: listed once
+        self.ahead: tuple[list[int], tuple[torch.Tensor, torch.Tensor]] | None = None  # next micro-batch, read early
         self.peak_flops = metrics.peak_flops(device, precision)
 
     def _on_main(self, fn: Callable[[], Any]) -> Any:
@@ -217,7 +219,7 @@ class Trainer:
         for micro in range(self.train_config.grad_accum):
             loss_sum += self.forward_backward(last=micro == self.train_config.grad_accum - 1)
         state.scaler.unscale_(state.optimizer)
-        grad_norm = parallelize.clip_grad_norm_(list(state.model.parameters()), self.train_config.grad_clip or math.inf)
+        grad_norm = parallelize.clip_grad_norm_(self.params, self.train_config.grad_clip or math.inf)
         result, nonfinite = self.agree(loss_sum, grad_norm, signals.received is not None, self.time_is_up(), lr)
         if nonfinite:
             self.skip_update(result)
@@ -248,11 +250,25 @@ class Trainer:
                     _, loss = self.train_model(x, y)
             self.compiled_first_step = False
             self.state.scaler.scale(loss / self.train_config.grad_accum).backward()
+        self.read_ahead()  # the device is still busy with this micro-step: read the next one meanwhile
         return loss.detach().float()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's windows of the next micro-batch, as the sampler hands them out (disjoint across ranks)."""
-        return self.data.windows("train", self.state.sampler.next(), self.model_config.block_size, self.device)
+        starts = self.state.sampler.next()
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] is starts:
+            return ahead[1]
+        return self.data.windows("train", starts, self.model_config.block_size, self.device)
+
+    def read_ahead(self) -> None:
+        """Draw and read the next micro-batch now, its copy to a GPU started (pinned memory, non-blocking): the
+        host work of a batch overlaps the device's, instead of leaving the GPU idle after the step's one sync. The
+        sampler's saved state stays the one before this draw (gpt.data.sampler.Lookahead), so checkpoints do not
+        change."""
+        if self.ahead is None:
+            starts = self.state.sampler.ahead()
+            self.ahead = (starts, self.data.windows("train", starts, self.model_config.block_size, self.device))
 
     def time_is_up(self) -> bool:
         """Whether train.max_seconds (counted from this launch's start) has passed."""
@@ -260,16 +276,19 @@ class Trainer:
 
     def agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, signal_received: bool, time_up: bool,
               lr: float) -> tuple[StepResult, bool]:
-        """One all-reduce (and one host sync) per step: mean loss, any non-finite value, any stop signal, the
-        time budget (any rank's clock)."""
+        """One host sync per step (with several ranks, one all-reduce): mean loss, any non-finite value, any stop
+        signal, the time budget (any rank's clock). A single process keeps its own flags on the host: no copy to the
+        device (a blocking copy waits for the device to finish first)."""
         nonfinite = ~torch.isfinite(loss_sum)
         if self.precision != "fp16":  # with fp16 the GradScaler skips overflowing gradients itself
             nonfinite |= ~torch.isfinite(grad_norm)
-        stats = torch.cat([(loss_sum / self.train_config.grad_accum).reshape(1), nonfinite.float().reshape(1),
-                           torch.tensor([float(signal_received), float(time_up)], device=self.device)])
-        distributed.all_reduce_sum(stats, self.ranks)
-        loss, nonfinite_count, signal_count, time_count, norm = torch.cat(
-            [stats, grad_norm.reshape(1).float()]).tolist()
+        flags = [float(signal_received), float(time_up)]
+        stats = torch.cat([(loss_sum / self.train_config.grad_accum).reshape(1), nonfinite.float().reshape(1)])
+        if self.ranks.enabled:  # every rank's flags join the sum
+            stats = torch.cat([stats, torch.tensor(flags).to(self.device, non_blocking=True)])
+            distributed.all_reduce_sum(stats, self.ranks)
+        loss, nonfinite_count, *counts, norm = torch.cat([stats, grad_norm.reshape(1).float()]).tolist()
+        signal_count, time_count = counts if self.ranks.enabled else flags
         return (StepResult(loss / self.ranks.world_size, norm, lr, signal_count > 0, time_count > 0),
                 nonfinite_count > 0)
 
