@@ -368,12 +368,16 @@ def arena(s: Sizes, out: Path) -> dict[str, Any]:
 
 def fsdp_run(s: Sizes, out: Path, world: int) -> dict[str, Any]:
     """FSDP2 over ``world`` processes (torchrun, one GPU each): a few steps of the real loop, sharded."""
+    import socket
     import subprocess
     import sys
 
     run_dir = out / "runs" / "fsdp"
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_addr=127.0.0.1",
-               "--master_port=29517", "-m", "gpt.bench.proof", "--fsdp-worker", str(out),
+               f"--master_port={port}", "-m", "gpt.bench.proof", "--fsdp-worker", str(out),
                *(["--dry-run"] if s.device == "cpu" else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     tokens = logged(run_dir, "tokens_per_sec")
