@@ -3,8 +3,8 @@
 ``choose`` is the rule: the user's pin (attention.backend=flash|efficient|math|cudnn) everywhere; left to torch,
 torch chooses, except for a cached decode step on CUDA (queries fewer than keys, the key length growing by one a
 step), which is limited to the fused flash and memory-efficient kernels (math as the last resort): left to itself
-SDPA picked cuDNN there on an H200, whose per-shape set-up cost about 1.4 ms of CPU per call and made bf16
-decoding 9x slower than fp32 (issue 30).
+SDPA picked cuDNN there on an H200, whose forward spent about 1.4 ms of CPU per call as the key length grew, and
+bf16 decoding was 9x slower than fp32 (issue 30; any pinned backend brought it back).
 
 The rule is applied at two places, never inside a compiled graph: the sdpa kernel applies it per call in eager
 mode; code that calls a torch.compile'd model applies it around the call (``Pin``), because torch fixes the
