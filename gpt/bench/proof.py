@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpt.bench.proof_report import markdown
+
 PARTS = ("kernels", "train", "decode", "flex", "arena", "fsdp")
 CAPS = {"kernels": 90, "train": 330, "decode": 120, "flex": 150, "arena": 150, "fsdp": 150}  # seconds, on a GPU
 WORDS = {"kernels": "every kernel x design against float64", "train": "bench_train and the real loop",
@@ -157,11 +159,9 @@ def parser() -> argparse.ArgumentParser:
 
 def write_summaries(out: Path, summary: dict[str, Any]) -> None:
     """proof.json (everything) and proof.md (a table of the parts, then each part's figures)."""
-    from gpt.bench.proof_report import markdown
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "proof.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    (out / "proof.md").write_text(markdown(summary))
+    (out / "proof.md").write_text(markdown(summary, WORDS))
 
 
 if __name__ == "__main__":

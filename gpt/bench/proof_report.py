@@ -15,23 +15,21 @@ def percent(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    """A heading with the machine, a table of the parts, then each part's own table."""
-    from gpt.bench.proof import WORDS
-
+def markdown(summary: dict[str, Any], words: dict[str, str]) -> str:
+    """A heading with the machine, a table of the parts (``words``: what each checks), then each part's own table."""
     parts = summary["parts"]
     lines = [f"# GPU proof{' (dry run, CPU)' if summary['dry_run'] else ''}", "",
              f"{summary['device']}; {summary['gpus']} GPU(s); torch {summary['torch']} (CUDA {summary['cuda']}), "
              f"Python {summary['python']}; started {summary['started']}, {summary['seconds']:.0f} s of "
              f"{summary['budget_s']:.0f}.", "",
              markdown_table(["part", "what", "status", "seconds", "note"],
-                            [[name, WORDS[name], p["status"], num(p.get("seconds"), ".0f"),
+                            [[name, words[name], p["status"], num(p.get("seconds"), ".0f"),
                               (p.get("error") or p.get("note") or "").splitlines()[0][:160] if
                               (p.get("error") or p.get("note")) else ""] for name, p in parts.items()])]
     for name, part in parts.items():
         body = SECTIONS[name](part) if name in SECTIONS and part["status"] != "skipped" and "error" not in part else ""
         if body:
-            lines += ["", f"## {name}: {WORDS[name]}", "", body]
+            lines += ["", f"## {name}: {words[name]}", "", body]
     return "\n".join(lines) + "\n"
 
 
