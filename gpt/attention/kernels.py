@@ -153,25 +153,19 @@ def sdpa(
     allowed = choose(backend, q.device.type, q.dtype, q.size(-2), k.size(-2))
     if allowed is None or torch.compiler.is_compiling():
         return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
-    try:
-        with sdpa_kernel(list(allowed)):
-            return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
-    except RuntimeError as err:
-        if backend is None:
-            raise
-        raise _refusal(backend, err, q, k, v, causal, mask, dropout_p, scale, window, bias) from None
-
-
-def _refusal(backend: str, err: RuntimeError, q, k, v, *args) -> UserError:
-    """Why a pinned backend cannot run these inputs: torch states its reasons as warnings (then fails), so the call
-    is repeated with the warnings caught (only here, after a failure: catching them on every call is costly)."""
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:  # torch states why it refuses a backend as warnings
         warnings.simplefilter("always")
         try:
-            with sdpa_kernel(SDPA_BACKENDS[backend]):
-                _sdpa(q, k, v, *args)
-        except RuntimeError:
-            pass
+            with sdpa_kernel(list(allowed)):
+                return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
+        except RuntimeError as err:
+            if backend is None:
+                raise
+            raise _refusal(backend, err, q, caught) from None
+
+
+def _refusal(backend: str, err: RuntimeError, q: Tensor, caught: list[warnings.WarningMessage]) -> UserError:
+    """Why a pinned backend cannot run these inputs, from the warnings torch gave before failing."""
     reasons = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
     reasons = [r for r in reasons if r and not r.endswith("because:")]
     if not reasons and q.device.type != "cuda":
