@@ -272,7 +272,7 @@ def wait_idle(url: str, model: str, seconds: float = 20) -> dict:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         load = json.loads(urllib.request.urlopen(url + "/health").read())["models"][model]
-        if load == {"waiting": 0, "decoding": 0}:
+        if load["waiting"] == load["decoding"] == 0:
             return load
         time.sleep(0.02)
     raise AssertionError(f"{model} still busy: {load}")
@@ -337,6 +337,11 @@ def test_api_key_queue_bound_and_shutdown(tmp_path):
     assert all(not s.engine._thread.is_alive() for s in models.values())  # stopped with the app
 
 
+def model_calls(url: str, model: str) -> int:
+    """The model calls the server's engine made for this model so far (/health)."""
+    return json.loads(urllib.request.urlopen(url + "/health").read())["models"][model]["steps"]
+
+
 @pytest.mark.slow
 def test_serve_script_gives_generate_scripts_text_and_serves_sixteen_clients(tmp_path):
     """scripts/serve.py in its own process: generate.py's text through the openai client; the load generator of
@@ -353,9 +358,13 @@ def test_serve_script_gives_generate_scripts_text_and_serves_sixteen_clients(tmp
         assert script.returncode == 0 and script.stdout == "def f(x):" + text + "\n"
         body = {"prompt": "def f(x):", "max_tokens": 24, "temperature": 0.8}
         one = summary(load(url, str(path), clients=1, requests=3, seconds=120, body=body))
+        before = model_calls(url, str(path))
         many = summary(load(url, str(path), clients=16, requests=16, seconds=120, body=body))
+        calls = model_calls(url, str(path)) - before
         assert one["failed"] == 0 and many["failed"] == 0 and many["tokens"] == 16 * 24, (one, many)
-        assert many["tokens_per_s"] > 2 * one["tokens_per_s"], (one, many)  # docs/serving.md: the full measurement
+        # decoded together: 16 x 24 tokens in a few dozen model calls (one at a time would take 384); the speed-up
+        # itself is timed by scripts/bench_serve.py (docs/serving.md), only its direction here (a shared machine)
+        assert calls < 16 * 24 / 4 and many["tokens_per_s"] > one["tokens_per_s"], (calls, one, many)
         busy = run_script("serve", f"ckpt={path}", f"port={url.rsplit(':', 1)[1]}", "device=cpu")  # port taken
         assert busy.returncode == 2 and "cannot listen on 127.0.0.1" in busy.stderr and "Traceback" not in busy.stderr
     finally:

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from gpt.bench.report import markdown_table
 from gpt.config import ModelConfig
+from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError, check_positive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,7 @@ class BenchServeConfig:
     prompt: str = "def main():"
     repeats: int = 2  # the levels are run this many times, interleaved (1, 4, 16, 1, 4, 16)
     max_batch: int = 32  # the server's
+    device: DeviceConfig = field(default_factory=lambda: DeviceConfig("cpu"))  # the server's (device=cuda)
 
     def __post_init__(self) -> None:
         check_positive(self, "requests", "seconds", "max_tokens", "repeats", "max_batch")
@@ -133,17 +135,27 @@ def summary(results: list[Result]) -> dict[str, float]:
             "first_token_p50": statistics.median(first) if first else float("nan")}
 
 
+def describe(device: str) -> str:
+    """The machine the server ran on, for the report: its CPUs, and the GPU where it ran on one."""
+    import torch
+
+    cpus = f"{os.cpu_count()} CPUs"
+    if device != "cpu" and torch.cuda.is_available():
+        return f"{cpus}, {torch.cuda.get_device_name()}"
+    return cpus
+
+
 def uptime() -> str:
     """The load average (1, 5, 15 minutes), for the record: the machine is shared."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def start_server(ckpt: str, max_batch: int) -> tuple[subprocess.Popen, str]:
+def start_server(ckpt: str, max_batch: int, device: str = "cpu") -> tuple[subprocess.Popen, str]:
     """scripts/serve.py on a free loopback port, in its own process; its process and URL once it listens."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), f"ckpt={ckpt}", "port=0",
-                                f"max_batch={max_batch}", "log_requests=false", "device=cpu"],
+                                f"max_batch={max_batch}", "log_requests=false", f"device={device}"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
     for line in process.stdout:
@@ -175,7 +187,7 @@ def run(cfg: BenchServeConfig) -> str:
     """Start the server, run every level cfg.repeats times (interleaved), return the report as markdown."""
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = cfg.ckpt or random_checkpoint(cfg.model, Path(tmp))
-        process, url = start_server(ckpt, cfg.max_batch)
+        process, url = start_server(ckpt, cfg.max_batch, cfg.device.type)
         try:
             rows, best = [], {}
             body = {"prompt": cfg.prompt, "max_tokens": cfg.max_tokens, "temperature": 0.8}
@@ -194,7 +206,7 @@ def run(cfg: BenchServeConfig) -> str:
     one = best.get(min(cfg.clients), 0.0)
     ratios = ", ".join(f"{c} clients {best[c] / one:.1f}x" for c in cfg.clients if one)
     header = (f"serving benchmark: {cfg.ckpt or 'random weights'}, {cfg.max_tokens} tokens per request, "
-              f"max_batch {cfg.max_batch}, {os.cpu_count()} CPUs; best tokens/s relative to "
+              f"max_batch {cfg.max_batch}, {describe(cfg.device.type)}; best tokens/s relative to "
               f"{min(cfg.clients)} client(s): {ratios}")
     table = markdown_table(["clients", "run", "requests", "failed", "tokens", "tokens/s", "latency p50 s",
                             "latency p90 s", "first token p50 ms", "load average before / after"], rows)

@@ -166,10 +166,11 @@ class Engine:
             seq.cancelled = True
 
     def load(self) -> dict[str, int]:
-        """How many sequences wait for a place in the batch and how many are being decoded."""
+        """How many sequences wait for a place in the batch, how many are being decoded, and the model calls so far
+        (fewer calls than tokens served is batching at work)."""
         with self._cond:
             return {"waiting": sum(not s.cancelled for s in self._waiting),
-                    "decoding": sum(not s.done for s in self._rows)}
+                    "decoding": sum(not s.done for s in self._rows), "steps": self.steps}
 
     def _loop(self) -> None:
         while True:
