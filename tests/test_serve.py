@@ -59,10 +59,12 @@ def save(path: Path, shape: dict, seed: int, chat_template: str | None = None) -
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """One server for the module: every design of DESIGNS, and a chat model; yields (url, {name: model id})."""
+    """One server for the module: every design of DESIGNS, and two chat models (the default shape, latent attention);
+    yields (url, {name: model id}, {model id: Served})."""
     folder = tmp_path_factory.mktemp("serve")
     paths = {name: save(folder / f"{name}.pt", shape, i) for i, (name, shape) in enumerate(DESIGNS.items())}
     paths["chat"] = save(folder / "chat.pt", DESIGNS["small"], 7, CHATML)
+    paths["chat_mla"] = save(folder / "chat_mla.pt", DESIGNS["mla"] | {"block_size": 128}, 8, CHATML)
     ids = {name: str(path) for name, path in paths.items()}
     cfg = ServeConfig(ckpt=ids["small"], extra_ckpts=[ids[n] for n in ids if n != "small"], max_tokens=200,
                       max_body_bytes=20_000, max_batch=8, max_queue=32)
@@ -159,17 +161,18 @@ def test_n_choices_echo_token_prompts_and_token_ids(server, client):
     assert "".join(extra["token_texts"]) == alone.choices[0].text
 
 
-def test_chat_renders_the_template_and_stops_at_the_end_of_turn(server, client):
+@pytest.mark.parametrize("model", ["chat", "chat_mla"])
+def test_chat_renders_the_template_and_stops_at_the_end_of_turn(server, client, model):
     _, ids, _ = server
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    reply = client.chat.completions.create(model=ids["chat"], messages=messages, max_tokens=50, seed=2)
+    reply = client.chat.completions.create(model=ids[model], messages=messages, max_tokens=50, seed=2)
     prompt = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + \
         "<|im_start|>assistant\n"
-    reference = expected_text(ids["chat"], prompt, max_new_tokens=50, temperature=1.0, top_k=None, seed=2,
+    reference = expected_text(ids[model], prompt, max_new_tokens=50, temperature=1.0, top_k=None, seed=2,
                               stop=["<|im_end|>"])
     assert reply.choices[0].message.content == reference and reply.choices[0].message.role == "assistant"
     assert reply.usage.prompt_tokens == len(prompt)
-    stream = client.chat.completions.create(model=ids["chat"], messages=messages, max_tokens=50, seed=2, stream=True)
+    stream = client.chat.completions.create(model=ids[model], messages=messages, max_tokens=50, seed=2, stream=True)
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == reference
