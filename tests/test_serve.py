@@ -196,6 +196,7 @@ def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]
 BAD = [  # (body, status, what the message says)
     (b'{"model": "x", "prompt": ', 400, "not valid JSON"),
     (b'[1, 2]', 400, "must be a JSON object"),
+    (b'[' * 19_000, 400, "nested too deeply"),
     ({"model": "nope", "prompt": "a"}, 404, "does not exist"),
     ({"prompt": "a"}, 400, "missing required parameter: model"),
     ({"model": "SMALL", "prompt": "a", "temperature": -1}, 400, "temperature must be >= 0"),

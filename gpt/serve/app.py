@@ -101,6 +101,8 @@ async def read_json(request: Request, limit: int) -> Any:
         return json.loads(body)
     except ValueError as err:
         raise APIError(400, f"the request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise APIError(400, "the request body's JSON is nested too deeply") from None
 
 
 async def until_disconnected(request: Request) -> None:
