@@ -11,7 +11,7 @@ from typing import Optional, TextIO
 import torch
 
 from gpt import tokenizer as tok
-from gpt.config import MISSING, AttentionConfig
+from gpt.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.decoding import prompt_ids, stream
 from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resolve_precision
 from gpt.errors import ConfigError, UserError, check_positive
@@ -21,7 +21,7 @@ from gpt.sampling import check_sampling
 
 
 @dataclass
-class GenerateConfig:
+class GenerateConfig(ScriptConfig):
     """scripts/generate.py's settings (configs/generate.yaml), checked as they are built."""
 
     ckpt: str = MISSING  # a run directory (best.pt, else ckpt.pt), a .pt file, an exported folder, or gpt2*

@@ -15,6 +15,8 @@ from omegaconf.errors import MissingMandatoryValue
 
 from gpt.errors import ConfigError
 
+DESIGNS = "designs"  # every script's key (gpt.config.ScriptConfig) for the designs a user brings
+
 
 def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
     """Hydra's ``+key=value`` adds keys that no schema declares: refuse them, listing the valid ones."""
@@ -34,7 +36,10 @@ def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
 
 
 def typed(cfg: DictConfig) -> Any:
-    """The composed config as its dataclass; every dataclass validates itself as it is built (ConfigError)."""
+    """The composed config as its dataclass; every dataclass validates itself as it is built (ConfigError).
+
+    The designs a user brings (``designs=[...]``) are loaded first, so the model config may name them."""
+    bring_designs(cfg)
     refuse_unknown_keys(cfg)
     try:
         return OmegaConf.to_object(cfg)
@@ -42,6 +47,16 @@ def typed(cfg: DictConfig) -> Any:
         key = err.full_key or str(err)
         raise ConfigError(f"{key} must be given (it has no default)",
                           hint=f"add {key}=<value> to the command") from None
+
+
+def bring_designs(cfg: DictConfig) -> None:
+    """Load the files, packages or modules a script's ``designs`` key names (gpt.config.ScriptConfig), before the
+    model config that may name their designs is checked."""
+    sources = cfg.get(DESIGNS) if DESIGNS in cfg else None
+    if sources:
+        from gpt.designs import loading
+
+        loading.load_all([str(s) for s in sources])
 
 
 # schema name (as configs/<script>.yaml names it in its defaults) -> the dataclass, imported only when registered,

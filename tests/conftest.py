@@ -172,6 +172,8 @@ def perturbed_model(config: dict, kernel: str = "sdpa", sharpen: float = 1.0):
                 p.add_(torch.randn_like(p) * 0.5)
             elif "attn.lambda_" in name:
                 p.copy_(torch.randn_like(p) * 0.5)
+            elif not name.endswith(".weight"):  # a design's own parameters (a mixing matrix, ...)
+                p.add_(torch.randn_like(p) * 0.5)
     return model.eval()
 
 
@@ -188,9 +190,10 @@ def assert_greedy_same_with_and_without_cache(model, kernel: str) -> None:
     assert torch.equal(cached, generate(model, prompt, n, temperature=0.0, kv_cache=False)), kernel
 
 
-def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, dict, dict]:
-    """In-process training of scripts/train.py's config with ``overrides``: 4 steps, resumed to 8, and 8 straight;
-    the model state dicts after 4, after the resume and of the straight run (to compare bit for bit)."""
+def train_stop_and_resume(overrides: list[str], tmp_path: Path, half: int = 4) -> tuple[dict, dict, dict]:
+    """In-process training of scripts/train.py's config with ``overrides``: ``half`` steps, resumed to twice that,
+    and as many straight; the model state dicts after ``half``, after the resume and of the straight run (to
+    compare bit for bit)."""
     from hydra import compose, initialize_config_dir
 
     from gpt import checkpoint
@@ -198,8 +201,8 @@ def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, d
     from gpt.train.trainer import train
 
     register()
-    common = [*overrides, "device=cpu", "train.warmup_iters=0", "train.lr_decay_iters=8", "train.eval_interval=4",
-              "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0"]
+    common = [*overrides, "device=cpu", "train.warmup_iters=0", f"train.lr_decay_iters={2 * half}",
+              f"train.eval_interval={half}", "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0"]
 
     def run(out: Path, steps: int, resume: bool = False) -> dict:
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
@@ -208,5 +211,5 @@ def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, d
         train(typed(cfg), out, log=lambda message: None)
         return checkpoint.load(out / checkpoint.LATEST)["model"]
 
-    first = run(tmp_path / "resumed", 4)
-    return first, run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    first = run(tmp_path / "resumed", half)
+    return first, run(tmp_path / "resumed", 2 * half, resume=True), run(tmp_path / "straight", 2 * half)

@@ -19,7 +19,7 @@ import torch
 from gpt import attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
-from gpt.config import AttentionConfig, GPTConfig, ModelConfig
+from gpt.config import AttentionConfig, GPTConfig, ModelConfig, ScriptConfig
 from gpt.device import PRECISIONS, DeviceConfig, autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import ConfigError, check_positive
 from gpt.model import GPT
@@ -30,7 +30,7 @@ from gpt.train.parallelize import apply_activation_checkpointing
 
 
 @dataclass
-class BenchTrainConfig:
+class BenchTrainConfig(ScriptConfig):
     """scripts/bench_train.py (configs/bench_train.yaml)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)

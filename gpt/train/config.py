@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpt.config import MISSING, AttentionConfig, ModelConfig
+from gpt.config import MISSING, AttentionConfig, ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError
@@ -66,7 +66,7 @@ class TrainConfig:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(ScriptConfig):
     """A whole training run, as scripts/train.py composes it (configs/train.yaml)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
