@@ -53,7 +53,7 @@ def test_a_value_the_schema_accepts_but_the_dataclass_refuses_is_a_config_error(
                               ("+train.lerning_rate=1", "unknown config key train.lerning_rate; valid keys of train: "
                                                         "max_iters, batch_size"),
                               ("+model.n_layers=3", "unknown config key model.n_layers; valid keys of model: n_layer"),
-                              ("+sed=3", "unknown config key sed; valid keys: model, attention")]:
+                              ("+sed=3", "unknown config key sed; valid keys: designs, model, attention")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             typed(compose_train(override, "out_dir=x"))
     with pytest.raises(ConfigError, match="data.path must be given"):
