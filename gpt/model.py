@@ -1,10 +1,9 @@
 """The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks, tied output head.
 
-Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights map one
-to one. The attention formula lives in gpt.attention (the kernels); this file shapes the tensors, and leaves
-seams where the attention designs of gpt.designs act: the layer's parts (``designs``), a layer class of their
-own, per-forward values in the Context, a cache kind. Beyond GPT-2 it keeps what every design shares: fewer
-key/value heads (n_kv_head), a sliding window, a KV cache. It knows nothing of training or sampling.
+Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights map one to
+one. The attention formula lives in gpt.attention (the kernels); the designs of gpt.designs act through the seams
+left here: a layer's parts, a layer class of their own, the Context's per-forward values, a cache kind. Beyond GPT-2
+only what every design shares: fewer key/value heads, a sliding window, a KV cache. No training, no sampling.
 """
 
 from __future__ import annotations
@@ -39,10 +38,6 @@ class Context:
 
     def layer_cache(self, layer: int) -> Any:
         return None if self.cache is None else self.cache.layers[layer]
-
-    def key_index(self) -> Tensor:
-        """(Tk,) the sequence index of each key the layers attend to."""
-        return self.index if self.cache is None else self.cache.key_index(self)
 
 
 class CausalSelfAttention(nn.Module):
@@ -114,9 +109,8 @@ class CausalSelfAttention(nn.Module):
         """The kernel's keywords: the causal rule, masks, window, dropout, scale, and the parts' score modifiers
         (none for GPT-2, so any kernel can run it)."""
         mask = ctx.key_mask if ctx.key_mask is None or ctx.key_mask.dim() == 4 else ctx.key_mask[:, None, None, :]
-        kwargs = dict(causal=True, mask=mask, window=ctx.window, dropout_p=self.dropout if self.training else 0.0)
-        if self.scale is not None:
-            kwargs["scale"] = self.scale
+        kwargs = dict(causal=True, mask=mask, window=ctx.window, dropout_p=self.dropout if self.training else 0.0,
+                      scale=self.scale)
         for part in self.parts:
             kwargs.update(part.scores(self, ctx))
         return kwargs
@@ -148,8 +142,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         x = x + self.attn(self.ln_1(x), ctx)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -159,7 +152,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
-        if not designs.positional(config):  # a positional design (RoPE, ALiBi) brings positions in elsewhere
+        if not designs.positional(config):  # a positional design (e.g. RoPE) brings positions in elsewhere
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.transformer.drop = nn.Dropout(config.dropout)
         self.transformer.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
@@ -167,7 +160,6 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
         self.designs = designs.active(config)  # whose per-forward values go into the Context
-
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth (two residual additions per block).
@@ -191,15 +183,8 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def forward(
-        self,
-        idx: Tensor,
-        targets: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *, positions: Tensor | None = None,
+                key_mask: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy if targets given.
 
         For generation: positions (T,) or (B, T) (default: the next T after what the cache holds),
@@ -212,11 +197,10 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, ctx)
-        logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        return logits, loss
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
     def context(self, idx: Tensor, positions: Tensor | None, key_mask: Tensor | None,
                 cache: KVCache | None) -> Context:

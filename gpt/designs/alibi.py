@@ -48,7 +48,8 @@ class Alibi(Design):
                                        "attn_sink": True, "n_kv_head": 2}}
 
     def context(self, ctx, config) -> None:
-        ctx.extras["alibi"] = alibi_bias(config.n_head, ctx.index, ctx.key_index())  # distances in the sequence
+        keys = ctx.index if ctx.cache is None else ctx.cache.key_index(ctx)  # (Tk,) the keys' indices, in order
+        ctx.extras["alibi"] = alibi_bias(config.n_head, ctx.index, keys)  # distances in the sequence
 
     def scores(self, layer, ctx):
         return {"bias": ctx.extras["alibi"]}

@@ -142,6 +142,8 @@ def spell(value: Any) -> str:
     """A value as a command line spells it: true, null, 15.0, rope."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(spell(v) for v in value) + "]"
     return str(value)
 
 

@@ -21,7 +21,7 @@ def test_the_position_table_goes_and_nothing_else_changes():
 
 
 def test_a_kernel_without_a_score_bias_is_refused_naming_one_that_has_it():
-    with pytest.raises(ConfigError, match="attention=flex has no additive score bias .*model.pos_embedding=alibi") as caught:
+    with pytest.raises(ConfigError, match="attention=flex has no additive score bias .*pos_embedding=alibi") as caught:
         GPTConfig(**TINY, pos_embedding="alibi", attention="flex")
     assert "manual" in caught.value.hint
     assert GPTConfig(**TINY, pos_embedding="alibi", attention="sdpa").pos_embedding == "alibi"
