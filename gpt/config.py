@@ -1,7 +1,7 @@
 """GPTConfig: the model's architecture, validated on construction so a bad value fails early and clearly.
 
-Also the model's config group as the scripts see it (ModelConfig: vocab_size may come from the data) and
-the attention group (AttentionConfig).
+Also the model's config group as the scripts see it (ModelConfig: vocab_size may come from the data), the
+attention group (AttentionConfig), written into it, and what every script's config shares (ScriptConfig).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class GPTConfig:
         if self.attention_backend is not None and self.attention_backend not in attention.backends(self.attention):
             valid = attention.backends(self.attention)
             raise ConfigError(
-                f"attention.backend={self.attention_backend} is not a backend of attention={self.attention}; "
+                f"model.attention_backend={self.attention_backend} is not a backend of attention={self.attention}; "
                 + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
             )
         wanted = {}  # the kernel options this shape needs, checked against what the kernel declares
@@ -179,7 +179,9 @@ class ScriptConfig:
 
 @dataclass
 class AttentionConfig:
-    """The ``attention=`` config group: which kernel (and, for sdpa, which backend) computes attention."""
+    """The ``attention=`` group (configs/attention/, package ``model``): the kernel, written straight into the model
+    config as model.attention and model.attention_backend. A script without a model config (generate) takes these
+    two alone, to run a checkpoint's weights with another kernel."""
 
-    name: str = "sdpa"
-    backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)
+    attention: str = "sdpa"
+    attention_backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)

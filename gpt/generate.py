@@ -38,7 +38,7 @@ class GenerateConfig(ScriptConfig):
     num_samples: int = 1
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
-    attention: Optional[AttentionConfig] = None  # None: the kernel the model was trained with
+    model: Optional[AttentionConfig] = None  # attention=<kernel>: run the weights with it (None: as trained)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
 
     def __post_init__(self) -> None:
@@ -131,7 +131,7 @@ def run(cfg: GenerateConfig) -> None:
     """scripts/generate.py: load the model, print num_samples samples (or a prompt loop)."""
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
-    kernel, backend = (cfg.attention.name, cfg.attention.backend) if cfg.attention else (None, None)
+    kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     model, tokenizer = load_model(cfg.ckpt, device, kernel, backend, cfg.init_path)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout

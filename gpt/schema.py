@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -16,6 +17,8 @@ from omegaconf.errors import MissingMandatoryValue
 from gpt.errors import ConfigError
 
 DESIGNS = "designs"  # every script's key (gpt.config.ScriptConfig) for the designs a user brings
+# The attention= group is written straight into model (configs/attention/*.yaml); its keys' earlier spellings
+RENAMED = {"attention.name": "model.attention", "attention.backend": "model.attention_backend"}
 
 
 def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
@@ -82,8 +85,19 @@ def schema(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
+def renamed(overrides: list[str]) -> list[str]:
+    """Overrides with their keys' earlier spellings (RENAMED) replaced, so command lines from before still run."""
+    def rename(override: str) -> str:
+        key, sep, value = override.partition("=")
+        return RENAMED.get(key, key) + sep + value if sep else override
+
+    return [rename(override) for override in overrides]
+
+
 def register(*names: str) -> None:
-    """Register the named schemas (all, when none is named) with Hydra's ConfigStore as ``<name>_schema``."""
+    """Register the named schemas (all, when none is named) with Hydra's ConfigStore as ``<name>_schema``, and
+    respell the command line's renamed keys (the scripts call this before Hydra reads sys.argv)."""
+    sys.argv[1:] = renamed(sys.argv[1:])
     cs = ConfigStore.instance()
     for name in names or SCHEMAS:
         cs.store(name=f"{name}_schema", node=schema(name))

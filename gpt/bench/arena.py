@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from gpt.config import AttentionConfig, GPTConfig, ModelConfig, ScriptConfig
+from gpt.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
@@ -71,7 +71,6 @@ class ArenaConfig(ScriptConfig):
     """scripts/arena.py (configs/arena.yaml): the base model and training shared by every variant."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
     data: DataConfig = field(default_factory=DataConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     train: TrainConfig = field(default_factory=TrainConfig)  # max_iters and eval_interval come from the arena
@@ -122,7 +121,6 @@ def variant_name(spec: str) -> str:
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
     """(name, RunConfig) per variant: the base model with the variant's overrides, the budget as optimizer steps."""
     base = {f.name: getattr(cfg.model, f.name) for f in fields(ModelConfig)}
-    base["attention"], base["attention_backend"] = cfg.attention.name, cfg.attention.backend
     if cfg.arena.quick:
         base.update(QUICK_MODEL)
     runs = []
@@ -141,9 +139,8 @@ def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
                         max_seconds=cfg.arena.seconds,
                         eval_iters=min(cfg.train.eval_iters, 2) if cfg.arena.quick else cfg.train.eval_iters)
         name = variant_name(spec)
-        runs.append((name, RunConfig(model=model, attention=AttentionConfig(model.attention, model.attention_backend),
-                                     data=cfg.data, device=cfg.device, train=train, precision=cfg.precision,
-                                     seed=cfg.seed, out_dir=str(Path(cfg.out_dir) / name))))
+        runs.append((name, RunConfig(model=model, data=cfg.data, device=cfg.device, train=train,
+                                     precision=cfg.precision, seed=cfg.seed, out_dir=str(Path(cfg.out_dir) / name))))
     return runs
 
 

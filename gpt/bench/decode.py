@@ -10,7 +10,7 @@ import torch
 
 from gpt import GPT
 from gpt.bench.report import markdown_table, median_seconds
-from gpt.config import AttentionConfig, ModelConfig, ScriptConfig
+from gpt.config import ModelConfig, ScriptConfig
 from gpt.decoding import compiled_decode_step, decode_step, generate
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
@@ -23,7 +23,6 @@ class BenchDecodeConfig(ScriptConfig):
 
     ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)  # the kernel of the random-weight model
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
     new_tokens: int = 500

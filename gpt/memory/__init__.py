@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpt.config import AttentionConfig, GPTConfig, ModelConfig, ScriptConfig
+from gpt.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.designs import registry as designs
 from gpt.device import PRECISIONS
 from gpt.errors import ConfigError, check_positive
@@ -186,7 +186,6 @@ class MemoryConfig(ScriptConfig):
     """python -m gpt.memory (configs/memory.yaml): the run to plan, in the training configs' own groups."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)  # batch_size, fsdp, activation_checkpointing
     precision: str = "bf16"  # fp32 | bf16 | fp16 (auto means bf16: the planner plans for GPUs)
     world_size: int = 1  # processes (GPUs) of the run: FSDP shards the weights and AdamW state over them
@@ -218,8 +217,8 @@ def kv_cache_line(config: GPTConfig, number_bytes: int) -> str:
 
     tokens = KVCache(config, 1, "meta").layers[0].tokens  # the slots it keeps (a window's ring, sink tokens)
     per_token = kv_bytes_per_token(config, number_bytes)
-    return (f"KV cache when sampling: {per_token:,.0f} bytes per token, {gib(round(per_token * tokens))} per sequence "
-            f"of {tokens} tokens")
+    return (f"KV cache when sampling: {per_token:,.0f} bytes per token, {per_token * tokens / 2**20:,.2f} MiB per "
+            f"sequence of {tokens} tokens")
 
 
 def describe(cfg: MemoryConfig) -> str:
