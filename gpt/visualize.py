@@ -11,6 +11,7 @@ from torch import Tensor
 
 from gpt.attention.recording import record_attention
 from gpt.config import MISSING, ScriptConfig
+from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError
 from gpt.model import GPT
@@ -104,8 +105,10 @@ def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: st
 
     device = next(model.parameters()).device
     maps = attention_maps(model, torch.tensor([ids], device=device))
+    views = [f"{d.name}: {d.view}" for d in designs.active(model.config) if d.view != designs.Design.view]
     fig = attention_figure(maps, token_labels(tokenizer, ids), layer, head,
-                           title=f"attention maps ({model.config.attention} kernel, weights recomputed)")
+                           title=f"attention maps ({model.config.attention} kernel, weights recomputed)"
+                           + "".join(f"; {view}" for view in views))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
