@@ -248,3 +248,24 @@ def test_a_checkpoint_whose_design_is_not_available_says_how_to_bring_it(tmp_pat
     with pytest.raises(UserError, match="attention design 'nowhere_attention' is not available") as caught:
         load_model(tmp_path / "m.pt")
     assert "designs=[" in caught.value.hint and "GPT_DESIGNS" in caught.value.hint
+
+
+def test_a_brought_designs_options_get_their_defaults_and_unknown_ones_are_refused():
+    class Scaled(registry.Design):
+        name, options = "scaled_scores", {"temperature": 1.0}
+
+        def build(self, layer, config):
+            layer.scale = 1.0 / (config.design_options["temperature"] * config.head_dim ** 0.5)
+
+    registry.register(Scaled())
+    try:
+        config = GPTConfig(**TINY, designs=["scaled_scores"])
+        assert config.design_options == {"temperature": 1.0}  # the default, recorded with the checkpoint
+        hot = GPT(GPTConfig(**TINY, designs=["scaled_scores"], design_options={"temperature": 2.0}))
+        assert hot.transformer.h[0].attn.scale == pytest.approx(1 / (2 * 8 ** 0.5))
+        with pytest.raises(ConfigError, match="model.design_options.temprature is not an option of an active design"):
+            GPTConfig(**TINY, designs=["scaled_scores"], design_options={"temprature": 2.0})
+        with pytest.raises(ConfigError, match="attention design 'scaled_score' is not available"):
+            GPTConfig(**TINY, designs=["scaled_score"])
+    finally:
+        registry.unregister("scaled_scores")
