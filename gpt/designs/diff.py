@@ -95,24 +95,20 @@ class Diff(Design):
     def reference(self, attn, x, config) -> Tensor:
         """The paper's layer in float64, one query and one head at a time; each half through the parts."""
         q, k, v = reference.heads(attn, x, config)
-        B, T = x.shape[:2]
-        H, D, Hkv, d = config.n_head, config.head_dim, config.n_kv_head, config.head_dim // 2
+        D, d = config.head_dim, config.head_dim // 2
         lq1, lk1, lq2, lk2 = (getattr(attn, f"lambda_{n}").detach().double() for n in ("q1", "k1", "q2", "k2"))
         lam = math.exp(float(lq1 @ lk1)) - math.exp(float(lq2 @ lk2)) + attn.lambda_init
-        y = torch.zeros(B, T, H, D, dtype=torch.float64)
-        for b in range(B):
-            for h in range(H):
-                kv = h // (H // Hkv)
-                for i in range(T):
-                    keys, out = reference.keys_of(config, i), []
-                    for half in (slice(0, d), slice(d, D)):  # map 1 from q1, k1; map 2 from q2, k2
-                        qi = reference.transformed(attn, config, q[b, i, h, half], i, "q")
-                        s = torch.stack([reference.transformed(attn, config, k[b, j, kv, half], j, "k") @ qi
-                                         for j in keys]) / math.sqrt(d)
-                        out.append(reference.softmax(attn, config, s, i, keys, h, v[b, keys, kv]))
-                    gain = attn.subln.weight.double()
-                    diff = out[0] - lam * out[1]
-                    y[b, i, h] = diff / torch.sqrt((diff * diff).mean() + 1e-5) * gain * (1 - attn.lambda_init)
+        y = torch.zeros_like(q)  # (B, T, H, D)
+        for b, h, kv, i in reference.queries(config, x):
+            keys, out = reference.keys_of(config, i), []
+            for half in (slice(0, d), slice(d, D)):  # map 1 from q1, k1; map 2 from q2, k2
+                qi = reference.transformed(attn, config, q[b, i, h, half], i, "q")
+                s = torch.stack([reference.transformed(attn, config, k[b, j, kv, half], j, "k") @ qi
+                                 for j in keys]) / math.sqrt(d)
+                out.append(reference.softmax(attn, config, s, i, keys, h, v[b, keys, kv]))  # values keep all D
+            diff = out[0] - lam * out[1]
+            y[b, i, h] = diff / torch.sqrt((diff * diff).mean() + 1e-5) * attn.subln.weight.double() * (
+                1 - attn.lambda_init)
         return reference.project(attn.c_proj, y.flatten(2))
 
 

@@ -148,17 +148,12 @@ class Linear(Design):
         """Katharopoulos et al. eq. 4 in float64, per query: sum_j w_j v_j / sum_j w_j with w_j = phi(q).phi(k_j)."""
         phi = lambda t: torch.where(t > 0, t + 1, torch.exp(t))  # noqa: E731  elu(x) + 1, written out
         q, k, v = reference.heads(attn, x, config)
-        B, T = x.shape[:2]
-        H, D, Hkv = config.n_head, config.head_dim, config.n_kv_head
-        y = torch.zeros(B, T, H, D, dtype=torch.float64)
-        for b in range(B):
-            for h in range(H):
-                kv = h // (H // Hkv)
-                for i in range(T):
-                    qi = phi(reference.transformed(attn, config, q[b, i, h], i, "q"))
-                    w = torch.stack([qi @ phi(reference.transformed(attn, config, k[b, j, kv], j, "k"))
-                                     for j in range(i + 1)])  # (i + 1,) positive
-                    y[b, i, h] = (w @ v[b, : i + 1, kv]) / (w.sum() + EPS)
+        y = torch.zeros_like(q)  # (B, T, H, D)
+        for b, h, kv, i in reference.queries(config, x):
+            qi = phi(reference.transformed(attn, config, q[b, i, h], i, "q"))
+            w = torch.stack([qi @ phi(reference.transformed(attn, config, k[b, j, kv], j, "k"))
+                             for j in range(i + 1)])  # (i + 1,) positive
+            y[b, i, h] = (w @ v[b, : i + 1, kv]) / (w.sum() + EPS)
         return reference.project(attn.c_proj, y.flatten(2))
 
 

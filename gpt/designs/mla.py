@@ -143,15 +143,12 @@ class Latent(Design):
         k_c = reference.project(attn.k_up, latent).unflatten(-1, (H, D))  # (B, T, H, D) k^C = W^UK c^KV
         v = reference.project(attn.v_up, latent).unflatten(-1, (H, D))  # (B, T, H, D)  v^C = W^UV c^KV
         k_r = reference.project(attn.k_rope, x)  # (B, T, R)                             k^R = W^KR h, for every head
-        B, T = x.shape[:2]
-        y = torch.zeros(B, T, H, D, dtype=torch.float64)
-        for b in range(B):
-            for h in range(H):
-                for i in range(T):
-                    keys = reference.keys_of(config, i)
-                    s = torch.stack([q_c[b, i, h] @ k_c[b, j, h] + rotate(q_r[b, i, h], i) @ rotate(k_r[b, j], j)
-                                     for j in keys]) / math.sqrt(D + R)  # (keys,)
-                    y[b, i, h] = reference.softmax(attn, config, s, i, keys, h, v[b, keys, h])
+        y = torch.zeros_like(q_c)  # (B, T, H, D)
+        for b, h, _, i in reference.queries(config, x):
+            keys = reference.keys_of(config, i)
+            s = torch.stack([q_c[b, i, h] @ k_c[b, j, h] + rotate(q_r[b, i, h], i) @ rotate(k_r[b, j], j)
+                             for j in keys]) / math.sqrt(D + R)  # (keys,)
+            y[b, i, h] = reference.softmax(attn, config, s, i, keys, h, v[b, keys, h])
         return reference.project(attn.c_proj, y.flatten(2))
 
 

@@ -9,6 +9,7 @@ same pieces. Slow on purpose: tiny models only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,6 +36,15 @@ def heads(attn: nn.Module, x: Tensor, config: Any) -> tuple[Tensor, Tensor, Tens
     qkv = project(attn.c_attn, x)
     k, v = qkv[..., C:].unflatten(-1, (2 * Hkv, D)).split(Hkv, dim=2)
     return qkv[..., :C].unflatten(-1, (H, D)), k, v
+
+
+def queries(config: Any, x: Tensor) -> Iterator[tuple[int, int, int, int]]:
+    """(b, h, kv, i) for every row b, query head h (reading key/value head kv) and query position i of x (B, T, C)."""
+    group = config.n_head // config.n_kv_head
+    for b in range(x.size(0)):
+        for h in range(config.n_head):
+            for i in range(x.size(1)):
+                yield b, h, h // group, i
 
 
 def keys_of(config: Any, i: int) -> list[int]:
@@ -66,15 +76,10 @@ def softmax(attn: nn.Module, config: Any, s: Tensor, i: int, keys: list[int], he
 def softmax_layer(attn: nn.Module, x: Tensor, config: Any) -> Tensor:
     """GPT-2's attention with the active parts: softmax(q.k / sqrt(D)) v per query and head, then c_proj."""
     q, k, v = heads(attn, x, config)
-    B, T = x.shape[:2]
-    H, D, Hkv = config.n_head, config.head_dim, config.n_kv_head
-    y = torch.zeros(B, T, H, D, dtype=torch.float64)
-    for b in range(B):
-        for h in range(H):
-            kv = h // (H // Hkv)
-            for i in range(T):
-                keys = keys_of(config, i)
-                qi = transformed(attn, config, q[b, i, h], i, "q")
-                s = torch.stack([transformed(attn, config, k[b, j, kv], j, "k") @ qi for j in keys]) / math.sqrt(D)
-                y[b, i, h] = softmax(attn, config, s, i, keys, h, v[b, keys, kv])
+    y = torch.zeros_like(q)  # (B, T, H, D)
+    for b, h, kv, i in queries(config, x):
+        keys = keys_of(config, i)
+        qi = transformed(attn, config, q[b, i, h], i, "q")
+        s = torch.stack([transformed(attn, config, k[b, j, kv], j, "k") @ qi for j in keys]) / math.sqrt(q.size(-1))
+        y[b, i, h] = softmax(attn, config, s, i, keys, h, v[b, keys, kv])
     return project(attn.c_proj, y.flatten(2))
