@@ -4,8 +4,9 @@ The prompt is prefilled once; each later step feeds one token and attends to the
 models cache only their n_kv_head heads. A sliding-window model keeps only the last `window` keys in a ring
 buffer (slot = index % window): a one-token step may attend to all of them, so their order does not matter.
 
-A one-token step reads fixed shapes (gpt-fast's way): it attends to every slot, with a mask of the filled ones,
-and the token count is a tensor (``pos``), so a compiled ``decode_step`` runs every step with one compilation.
+Under torch.compile a one-token step reads fixed shapes (gpt-fast's way): it attends to every slot, with a mask of
+the filled ones, and the token count is a tensor (``pos``), so a compiled ``decode_step`` runs every step with one
+compilation; eager steps read only the filled slots (no mask at all when nothing is padded).
 Each layer's LayerKV holds its own two buffers and nothing else; the KVCache keeps what the layers share (how
 many tokens were seen, which slots hold real ones). A design may keep something else per layer (its ``cache``
 kind: latents, a running state, sink tokens' keys), with LayerKV's interface.
@@ -51,8 +52,8 @@ def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
 
 def keep(store: Tensor | None, new: Tensor, ctx: Context, dim: int, size: int) -> tuple[Tensor, Tensor]:
     """Store the new tokens' tensor (tokens along ``dim``) in ``store`` (``size`` slots, allocated on first use);
-    returns the store and what these queries attend to: the prompt's own, every slot when decoding (fixed
-    shape: the cache's key mask hides empty ones), the filled slots after a chunk."""
+    returns the store and what these queries attend to: the prompt's own, every slot in a fixed-shape step (the
+    cache's key mask hides empty ones), else the filled slots."""
     if store is None:
         shape = list(new.shape)
         shape[dim] = size
@@ -108,17 +109,21 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        """Tokens seen so far (a Python number: reading it waits for the device)."""
+        """Tokens seen so far (a Python number: reading it waits for the device, which sampling does anyway)."""
         return int(self.pos)
 
     def step(self, n: int, key_mask: Tensor | None) -> Step:
-        """Take the next n tokens (key_mask (B, n): False on left padding, None: all real)."""
-        if self.started and n == 1:
-            return self._decode(key_mask)
+        """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).
+
+        The layers then attend to the prompt's own keys, or to the filled slots: the prompt's mask and the window,
+        later the mask of the cached keys (None when nothing is padded) and no window. Under torch.compile a
+        one-token step reads every slot instead (_fixed_step), so that no shape or Python number changes."""
+        if self.started and n == 1 and torch.compiler.is_compiling():
+            return self._fixed_step(key_mask)
         start = self.length if self.started else 0
         if start + n > self.max_length:
             raise ValueError(f"KV cache overflow: {start} + {n} tokens exceed block_size {self.max_length}")
-        if self.window is not None and start > 0:
+        if self.window is not None and start > 0 and n != 1:
             raise ValueError("a sliding-window cache takes one token at a time after the prompt")
         if start == 0:
             self.padded, self.started = key_mask is not None, True
@@ -131,10 +136,8 @@ class KVCache:
         filled = min(start + n, self.size)
         return Step(start, index, self.key_mask[:, :filled] if self.padded else None, key_mask, None)
 
-    def _decode(self, key_mask: Tensor | None) -> Step:
-        """One token after the prompt: its slot, the mask of every slot, no Python number that changes."""
-        if not torch.compiler.is_compiling() and self.length >= self.max_length:
-            raise ValueError(f"KV cache overflow: {self.length} + 1 tokens exceed block_size {self.max_length}")
+    def _fixed_step(self, key_mask: Tensor | None) -> Step:
+        """One token at the tensor index ``pos``: every slot, with the mask of the filled ones (gpt-fast's way)."""
         index = self.pos.view(1).clone()  # (1,)
         new = key_mask if key_mask is not None else self.key_mask.new_ones(len(self.key_mask), 1)
         self.key_mask.index_copy_(1, index % self.size, new)

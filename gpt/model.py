@@ -32,7 +32,7 @@ class Context:
     key_mask: Tensor | None  # (B, Tk) True for real keys, or a whole (B|1, 1, T, Tk) mask; None: all real
     token_mask: Tensor | None  # (B, T) which of these tokens are real; None: all
     window: int | None  # the sliding window the kernel applies
-    start: int | None  # index of the first token; None for a one-token step on a cache (index holds it)
+    start: int | None  # index of the first token; None in a compiled one-token step (index, a tensor, holds it)
     cache: KVCache | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # per-forward values of designs: RoPE angles, a bias
 

@@ -31,7 +31,10 @@ def commands() -> list[str]:
 def test_the_tutorial_runs_as_written(tmp_path, data_args):
     code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M).group(1)
     (tmp_path / "talking_heads.py").write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # as a new user's shell: no design loaded by this test session (tests/test_designs.py loads the same file from
+    # another folder, and a loaded design is passed on to child processes through GPT_DESIGNS)
+    clean = {"GPT_DESIGNS": ""}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **clean}
     lines = commands()
     assert [shlex.split(line)[1 if line.startswith("GPT_") else 0] for line in lines] == ["python"] * 5
     listed = subprocess.run(["env", *shlex.split(lines[0])[:1], sys.executable, "-m", "gpt.attention", "cpu"],
@@ -45,7 +48,7 @@ def test_the_tutorial_runs_as_written(tmp_path, data_args):
         extra = [*(a for a in FAST if a.split(".")[0] in (name, "device=cpu")), *data_args] if name in (
             "train", "arena") else ["device=cpu"]
         extra += ["prompt=return"] if name == "visualize_attention" else []  # characters of the test corpus
-        result = run_script(name, *args, *extra, cwd=tmp_path, timeout=600)
+        result = run_script(name, *args, *extra, cwd=tmp_path, timeout=600, env=clean)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
         outputs[name] = result.stdout
     assert outputs["generate"].strip()
@@ -57,7 +60,7 @@ def test_the_tutorial_runs_as_written(tmp_path, data_args):
     # 2 layers x two 2 x 2 mixing matrices (model=tiny has 2 heads) beside GPT-2's parameters
     assert int(rows["talking_heads"]["params"]) - int(rows["gpt2"]["params"]) == 2 * 2 * 2 * 2
     # without the design, its checkpoint gives the error the doc shows, in one line and a hint
-    refused = run_script("generate", "ckpt=runs/talking_heads", "device=cpu", cwd=tmp_path)
+    refused = run_script("generate", "ckpt=runs/talking_heads", "device=cpu", cwd=tmp_path, env=clean)
     documented = re.search(r"^```text\n(error: .*?)\n(hint: .*?)\n```", DOC.read_text(), flags=re.M)
     error, hint = refused.stderr.strip().splitlines()[-2:]
     assert refused.returncode == 2 and hint == documented.group(2) and "Traceback" not in refused.stderr

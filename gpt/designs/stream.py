@@ -24,7 +24,7 @@ def sink_band(t: int, window: int, sinks: int, key_mask: Tensor | None, device: 
 
 class SinkKV(LayerKV):
     """Keys and values in the window's ring, and those of the first ``sinks`` positions kept apart (B, Hkv, sinks, D),
-    which a decoding step attends to before the ring (the context's mask says which the ring no longer holds)."""
+    which a decoding step attends to before the ring, those the ring no longer holds."""
 
     def __init__(self, config, cache) -> None:
         super().__init__(config, cache)
@@ -38,9 +38,12 @@ class SinkKV(LayerKV):
         if not self.sinks:
             return keys, values
         self.sink_k, self.sink_v = self.first(self.sink_k, k, ctx), self.first(self.sink_v, v, ctx)
-        if ctx.start is not None:  # the prompt attends to its own keys
+        if ctx.start is None:  # a fixed-shape step: every sink (the context's mask says which count)
+            return torch.cat([self.sink_k, keys], dim=2), torch.cat([self.sink_v, values], dim=2)
+        gone = min(self.sinks, max(0, ctx.start + k.size(2) - self.size))  # sinks the ring no longer holds
+        if ctx.start == 0 or not gone:  # the prompt attends to its own keys
             return keys, values
-        return torch.cat([self.sink_k, keys], dim=2), torch.cat([self.sink_v, values], dim=2)
+        return torch.cat([self.sink_k[:, :, :gone], keys], dim=2), torch.cat([self.sink_v[:, :, :gone], values], dim=2)
 
     def first(self, store: Tensor | None, new: Tensor, ctx) -> Tensor:
         """Keep the tokens among the first ``sinks`` positions (a decoding step's, without a branch on its index)."""
@@ -77,7 +80,7 @@ class Stream(Design):
 
     def context(self, ctx, config) -> None:
         n = config.sink_tokens
-        if ctx.start is None:  # decoding: the sinks the ring no longer holds, before the ring's slots (SinkKV)
+        if ctx.start is None:  # a fixed-shape step: the sinks the ring no longer holds, before its slots (SinkKV)
             if ctx.cache.window is not None:
                 gone = torch.arange(n, device=ctx.index.device) < ctx.index + 1 - ctx.cache.size  # (sinks,)
                 ring = ctx.key_mask  # (B, size)
