@@ -408,7 +408,7 @@ def test_context_start_is_where_stream_began_each_tokens_context():
 
 def test_attention_pictures_are_the_maps_of_each_tokens_context(server):
     from gpt.serve.attention import context_start
-    from gpt.visualize import attention_maps
+    from gpt.visualize import attention_maps, design_views
 
     url, ids, models = server
     status, out = post(url + "/v1/completions", json.dumps({"model": ids["mla"], "prompt": "def f(x):", "seed": 1,
@@ -427,6 +427,11 @@ def test_attention_pictures_are_the_maps_of_each_tokens_context(server):
             CharTokenizer(CHARS).decode([sequence[position]]).replace(" ", "\u2423").replace("\n", "\\n")
         torch.testing.assert_close(torch.tensor(picture["weights"]), expected, atol=1e-4, rtol=0)
     assert start > 0  # the last token's context began after a slide
+    assert picture["views"] == []  # latent attention's maps are softmax weights, as GPT-2's
+    status, picture = post(url + "/api/attention", json.dumps({"model": ids["linear"], "ids": sequence[:20],
+                                                               "prompt_tokens": 9, "position": 12}).encode())
+    assert status == 200 and picture["views"] == design_views(models[ids["linear"]].model.config)
+    assert picture["views"][0].startswith("linear: ")  # the registry's words for what linear attention's maps show
     for body, message in [({"position": 99}, "position must be between 0 and 58"),
                           ({"ids": [1, 999]}, "token ids of this model"), ({"prompt_tokens": 0}, "prompt_tokens")]:
         status, answer = post(url + "/api/attention", json.dumps({"model": ids["mla"], "ids": sequence,

@@ -1,5 +1,6 @@
 """The attention the page draws: one token's weights over its context, for every layer and head, as
-gpt.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any design).
+gpt.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any design),
+with what each design of the model says its maps show (its Design.view, from the design registry).
 
 The context is the one the model used: a token of the prompt saw the prompt's tokens before it; a later token saw
 the window gpt.decoding.slide left when it was fed (the last block_size // 2 tokens after each slide).
@@ -11,7 +12,7 @@ import torch
 
 from gpt.decoding import slide
 from gpt.serve.protocol import APIError
-from gpt.visualize import attention_maps, token_labels
+from gpt.visualize import attention_maps, design_views, token_labels
 
 MAX_PICTURE_BYTES = 256 * 2**20  # the maps of one context (layers x heads x T x T floats) are computed whole
 
@@ -46,12 +47,12 @@ def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> 
     with served.engine.lock:  # the recorder swaps the layers' kernels: no decoding step may run meanwhile
         maps = attention_maps(model, idx)[:, :, -1, :]  # (n_layer, n_head, T): the last token's row
     sums = maps.sum(-1)
-    notes = []
+    notes = []  # what the weights themselves show, beside what the designs say they show (the registry's views)
     if maps.min() < 0:
-        notes.append("some weights are negative (drawn in blue): this design subtracts one map from another")
+        notes.append("some weights are negative (drawn in blue)")
     if (sums < 0.99).any():
         notes.append(f"the weights of a head sum to as little as {sums.min():.2f}: the rest goes to no token")
     return {"model": served.name, "position": position, "context_start": start,
             "tokens": token_labels(served.tokenizer, context), "layers": config.n_layer, "heads": config.n_head,
             "weights": [[[round(float(w), 4) for w in head] for head in layer] for layer in maps.tolist()],
-            "notes": notes}
+            "views": design_views(config), "notes": notes}

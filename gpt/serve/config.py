@@ -6,14 +6,15 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpt.config import MISSING, AttentionConfig
+from gpt.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError, check_positive
 
 
 @dataclass
-class ServeConfig:
-    """What to serve, where, and the limits every request is held to."""
+class ServeConfig(ScriptConfig):
+    """What to serve, where, and the limits every request is held to (``designs=[...]``: designs a user brought,
+    for checkpoints that use them)."""
 
     ckpt: str = MISSING  # a run directory, .pt file, exported folder, or gpt2* (with init_path): as generate.py takes
     extra_ckpts: list[str] = field(default_factory=list)  # more checkpoints, served side by side (ids as given)
@@ -28,7 +29,7 @@ class ServeConfig:
     max_queue: int = 256  # sequences waiting for a place in the batch, per model; more get 503
     log_requests: bool = True  # one access-log line per request
     device: DeviceConfig = field(default_factory=DeviceConfig)
-    attention: Optional[AttentionConfig] = None  # None: the kernel each model was trained with
+    model: Optional[AttentionConfig] = None  # attention=<kernel>: serve the weights with it (None: as trained)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
 
     def __post_init__(self) -> None:

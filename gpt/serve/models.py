@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from gpt import tokenizer as tok
 from gpt.config import GPTConfig
 from gpt.decoding import prompt_ids
+from gpt.designs import registry as designs
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.pretrained import load_weights
@@ -34,7 +35,8 @@ class Served:
     created: int
 
     def describe(self) -> dict:
-        """What the page shows of the model: its size and the options where it differs from GPT-2."""
+        """What the page shows of the model: its size, the options where it differs from GPT-2 and the attention
+        designs they turn on (the design registry's names)."""
         config = self.model.config
         defaults = GPTConfig()
         options = {f.name: getattr(config, f.name) for f in fields(GPTConfig)
@@ -44,7 +46,8 @@ class Served:
                    and not (f.name == "n_kv_head" and config.n_kv_head == config.n_head)}
         return {"id": self.name, "n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd,
                 "block_size": config.block_size, "vocab_size": self.tokenizer.vocab_size,
-                "parameters": self.model.num_params(), "options": options, "chat": self.chat is not None}
+                "parameters": self.model.num_params(), "options": options,
+                "designs": [d.name for d in designs.active(config)], "chat": self.chat is not None}
 
 
 def model_name(ckpt: str) -> str:

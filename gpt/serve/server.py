@@ -41,7 +41,7 @@ def load_models(cfg: ServeConfig, renderer: Renderer) -> dict[str, Served]:
     """Every checkpoint cfg names, loaded and with its engine started (stopped again if a later one fails)."""
     device = resolve_device(cfg.device.type)
     precision = resolve_precision(cfg.precision, device)
-    kernel, backend = (cfg.attention.name, cfg.attention.backend) if cfg.attention else (None, None)
+    kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     limits = {"max_prompt_tokens": cfg.max_prompt_tokens or 0, "max_tokens": cfg.max_tokens,
               "max_batch": cfg.max_batch, "max_queue": cfg.max_queue}
     models: dict[str, Served] = {}

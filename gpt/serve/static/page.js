@@ -66,7 +66,8 @@ class Pane {
     if (!m) { this.about.textContent = "(no second model)"; return; }
     const opts = Object.entries(m.options).map(([k, v]) => `${k}=${v}`).join(", ");
     this.about.textContent = `${m.n_layer} layers x ${m.n_head} heads, ${m.n_embd} wide, context ${m.block_size}, ` +
-      `${(m.parameters / 1e6).toFixed(2)}M parameters` + (opts ? `; ${opts}` : "; GPT-2's attention");
+      `${(m.parameters / 1e6).toFixed(2)}M parameters` + (opts ? `; ${opts}` : "; GPT-2's attention") +
+      (m.designs.length ? ` (designs: ${m.designs.join(", ")})` : "");
   }
 
   addTokens(ids, texts, prompt) {
@@ -169,7 +170,7 @@ class Pane {
     this.panel.querySelector(".caption").textContent = `"${token}" (position ${p.position}) over its context, ` +
       `positions ${p.context_start}..${p.position}: each strip is one head's weights, left to right, scaled to ` +
       `its own largest. Text coloured by layer ${l}, head ${h} (click a strip for another).`;
-    this.panel.querySelector(".notes").textContent = p.notes.join("; ");
+    this.panel.querySelector(".notes").textContent = [...p.views, ...p.notes].join("; ");
     this.colourText();
   }
 
