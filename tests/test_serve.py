@@ -476,3 +476,35 @@ def test_sample_rows_gives_each_row_what_sample_next_gives_it_alone():
         for s in range(5):
             alone = sample_next(logits[s : s + 1], temperature, top_k, top_p, torch.Generator().manual_seed(s))
             assert rows[s].item() == alone.item(), (temperature, top_k, top_p, s)
+
+
+def test_a_design_the_user_brought_is_served_with_generate_scripts_text(tmp_path):
+    """A design registered by the user (docs/designs.md), not built in: the same text as generate.py, its pictures
+    with its own view, its name on the page."""
+    from gpt.designs import Design, register, unregister
+
+    class Sharpen(Design):
+        name = "serve_test_sharpen"
+        about = "queries doubled: a sharper softmax"
+        view = "the softmax weights of doubled queries"
+
+        def qk(self, layer, q, k, ctx):
+            return 2 * q, k
+
+    register(Sharpen())
+    try:
+        path = save(tmp_path / "brought.pt", dict(n_layer=2, n_head=2, n_embd=32, block_size=40,
+                                                   designs=["serve_test_sharpen"]), 3)
+        cfg, renderer = ServeConfig(ckpt=str(path)), Renderer()
+        with running(create_app(load_models(cfg, renderer), None, cfg.max_body_bytes, renderer)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            reference, api = SETTINGS[0]
+            assert complete(client, str(path), "def f(x):", dict(api)) == expected_text(str(path), "def f(x):",
+                                                                                       **reference)
+            status, picture = post(url + "/api/attention", json.dumps({"model": str(path), "ids": [1, 2, 3],
+                                                                       "prompt_tokens": 3, "position": 2}).encode())
+            assert status == 200 and picture["views"] == ["serve_test_sharpen: the softmax weights of doubled queries"]
+            about = json.loads(urllib.request.urlopen(url + "/api/models").read())["models"][0]
+            assert about["designs"] == ["serve_test_sharpen"]
+    finally:
+        unregister("serve_test_sharpen")
