@@ -22,7 +22,8 @@ install:
 
 install-dev:
 	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, \
-		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
+		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval, fastapi, uvicorn, jinja2, openai, selenium" \
+		2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
 
 clean:
 	rm -rf runs outputs multirun .pytest_cache

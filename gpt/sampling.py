@@ -36,6 +36,11 @@ def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Ten
     return logits
 
 
+def probabilities(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """The distribution a token is drawn from (temperature > 0): softmax of the filtered logits / temperature."""
+    return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+
+
 def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
@@ -46,5 +51,14 @@ def sample_next(
     """Pick one token per row from (B, vocab) logits; temperature 0 means greedy. Returns (B, 1)."""
     if temperature == 0.0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
-    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
+    return torch.multinomial(probabilities(logits, temperature, top_k, top_p), num_samples=1, generator=generator)
+
+
+def sample_rows(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                generators: list[torch.Generator]) -> Tensor:
+    """Like sample_next, but row i draws with generators[i]: each row gets the token sample_next would give it alone
+    with that generator (a server's requests, batched, each with its own seed). Returns (B, 1)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = probabilities(logits, temperature, top_k, top_p)  # (B, vocab), computed once for the rows
+    return torch.cat([torch.multinomial(probs[i : i + 1], 1, generator=g) for i, g in enumerate(generators)])

@@ -76,6 +76,8 @@ SCHEMAS = {
     "bench_train": "gpt.bench.train:BenchTrainConfig",
     "arena": "gpt.bench.arena:ArenaConfig",
     "memory": "gpt.memory:MemoryConfig",
+    "serve": "gpt.serve.config:ServeConfig",
+    "bench_serve": "gpt.bench.serve:BenchServeConfig",
 }
 
 

@@ -53,6 +53,11 @@ def attention_maps(model: GPT, idx: Tensor) -> Tensor:
     return torch.stack([weights[0] for weights in recorded]).cpu()
 
 
+def design_views(config) -> list[str]:
+    """What the maps show where a design of ``config`` changes it (its Design.view), one "name: view" each."""
+    return [f"{d.name}: {d.view}" for d in designs.active(config) if d.view != designs.Design.view]
+
+
 def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     """One readable label per token: spaces as a visible mark, control characters escaped."""
     return [repr(tokenizer.decode([i]))[1:-1].replace(" ", "\u2423") for i in ids]
@@ -105,10 +110,9 @@ def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: st
 
     device = next(model.parameters()).device
     maps = attention_maps(model, torch.tensor([ids], device=device))
-    views = [f"{d.name}: {d.view}" for d in designs.active(model.config) if d.view != designs.Design.view]
     fig = attention_figure(maps, token_labels(tokenizer, ids), layer, head,
                            title=f"attention maps ({model.config.attention} kernel, weights recomputed)"
-                           + "".join(f"; {view}" for view in views))
+                           + "".join(f"; {view}" for view in design_views(model.config)))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -89,6 +89,7 @@ SCRIPT_CONFIGS = {
     "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"),
+    "serve": (["ckpt=runs/x"], "ServeConfig"), "bench_serve": ([], "BenchServeConfig"),
 }
 
 
@@ -97,7 +98,7 @@ def test_every_script_config_composes_into_its_typed_config():
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         for name, (overrides, cls) in SCRIPT_CONFIGS.items():
             assert type(typed(compose(config_name=name, overrides=overrides))).__name__ == cls, name
-        for name in ("generate", "visualize_attention", "export"):
+        for name in ("generate", "visualize_attention", "export", "serve"):
             with pytest.raises(ConfigError, match="ckpt must be given"):
                 typed(compose(config_name=name))
 

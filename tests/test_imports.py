@@ -1,5 +1,5 @@
 """Imports run one way: no cycles inside gpt/, and the inference side (model, attention, sampling, decoding,
-generation, export, visualisation) loads without the training package."""
+generation, export, visualisation, serving) loads without the training package."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ INFERENCE = [
     "gpt/model.py", "gpt/kv_cache.py", "gpt/sampling.py", "gpt/decoding.py", "gpt/generate.py",
     "gpt/pretrained.py", "gpt/export.py", "gpt/hf.py", "gpt/checkpoint.py", "gpt/tokenizer.py", "gpt/visualize.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt" / "attention").glob("*.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt" / "serve").glob("*.py")),
 ]
-INFERENCE_SCRIPTS = ["scripts/generate.py", "scripts/export.py", "scripts/visualize_attention.py", "scripts/eval.py"]
+INFERENCE_SCRIPTS = ["scripts/generate.py", "scripts/export.py", "scripts/visualize_attention.py", "scripts/eval.py",
+                     "scripts/serve.py"]
 
 # In a fresh interpreter, for each file: forget every gpt module, run the file's gpt imports (those inside
 # functions too), and report which gpt.train modules came along.

@@ -1,0 +1,328 @@
+"""The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions (streamed as server-sent
+events), /health, the page's /api/ calls, and the page itself (static files, no build step).
+
+Every refusal is OpenAI's error body with a clear message (400 for a bad request, 401 for a missing or wrong key,
+404 for an unknown model, 413 for an oversized body, 503 when the queue is full); an unexpected failure is a 500
+whose traceback goes to the server's log, never to the client. A client that goes away has its sequences dropped
+from the batch at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from gpt.serve import attention, protocol
+from gpt.serve.chat import Renderer
+from gpt.serve.engine import Output, QueueFull, Sequence
+from gpt.serve.models import Served, chat_prompt, completion_prompts, samplings
+from gpt.serve.protocol import APIError
+
+log = logging.getLogger("gpt.serve")
+STATIC = Path(__file__).with_name("static")
+
+
+class Job:
+    """One request's sequences in an engine: submitted at once, their outputs read as they come, cancelled together."""
+
+    def __init__(self, served: Served, prompts: list[list[int]], settings: list, per_prompt: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, Output]] = asyncio.Queue()
+
+        def deliver(i: int):
+            def put(output: Output) -> None:
+                try:
+                    loop.call_soon_threadsafe(self.queue.put_nowait, (i, output))
+                except RuntimeError:  # the event loop closed (the server is stopping)
+                    pass
+            return put
+
+        device = served.engine.device
+        self.prompts = [prompts[i // per_prompt] for i in range(len(settings))]  # each sequence's prompt
+        self.sequences = [Sequence(p, s, served.tokenizer, deliver(i), device)
+                          for i, (p, s) in enumerate(zip(self.prompts, settings))]
+        self.served = served
+        try:
+            served.engine.submit(self.sequences)
+        except QueueFull as err:
+            raise APIError(503, f"the server is busy: {err}; retry shortly", code="server_busy",
+                           kind="server_error") from None
+
+    async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
+        """(sequence index, output) as the engine produces them, until every sequence has ended."""
+        remaining = len(self.sequences)
+        try:
+            while remaining:
+                i, output = await self.queue.get()
+                remaining -= output.finish_reason is not None
+                yield i, output
+        finally:
+            self.served.engine.cancel(self.sequences)  # those still running: their client is gone
+
+    def usage(self) -> dict[str, int]:
+        return protocol.usage(sum(s.prompt_tokens for s in self.sequences),
+                              sum(s.generated for s in self.sequences))
+
+    def texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text (the page shows tokens one by one)."""
+        return [self.served.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in ids]
+
+    def ids_of(self, i: int, token: int | None = None) -> dict[str, list]:
+        """return_token_ids's fields: the prompt's ids and texts (token None), or one new token's."""
+        if token is None:
+            return {"prompt_token_ids": self.prompts[i], "prompt_token_texts": self.texts(self.prompts[i]),
+                    "token_ids": [], "token_texts": []}
+        return {"token_ids": [token], "token_texts": self.texts([token])}
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request's JSON body, refused past ``limit`` bytes (413) or when it is not JSON (400)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body has {int(declared):,} bytes; this server takes at most {limit:,} "
+                       "(max_body_bytes)", code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"the request body is over {limit:,} bytes (max_body_bytes)", code="request_too_large")
+    try:
+        return json.loads(body)
+    except ValueError as err:
+        raise APIError(400, f"the request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise APIError(400, "the request body's JSON is nested too deeply") from None
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read, so only that can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def create_app(models: dict[str, Served], api_key: str | None = None, max_body_bytes: int = 2**20,
+               renderer: Renderer | None = None) -> FastAPI:
+    """The application serving ``models`` (by id); the engines are stopped when it shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        for served in models.values():
+            await asyncio.to_thread(served.engine.stop)
+        if renderer is not None:
+            renderer.close()
+
+    app = FastAPI(title="gpt-attention", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.models = models
+    add_error_handlers(app)
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if api_key and request.url.path.startswith(("/v1/", "/api/")):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                what = "no API key was given" if not given else "the API key is wrong"
+                error = APIError(401, f"{what}: send it as 'Authorization: Bearer <key>'", code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=401)
+        return await call_next(request)
+
+    def served(name: Any) -> Served:
+        if name not in models:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {', '.join(models)}", "model",
+                           "model_not_found")
+        return models[name]
+
+    add_api_routes(app, models, served, max_body_bytes)
+    add_page_routes(app, models, served, max_body_bytes)
+    return app
+
+
+def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_bytes: int) -> None:
+    """OpenAI's routes, and /health."""
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "models": {name: s.engine.load() for name, s in models.items()}}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [protocol.model_card(s.name, s.created) for s in models.values()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(name: str) -> dict:
+        s = served(name)
+        return protocol.model_card(s.name, s.created)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = protocol.parse(protocol.CompletionRequest, await read_json(request, max_body_bytes))
+        s = served(body.model)
+        prompts = completion_prompts(s, body)
+        job = Job(s, prompts, samplings(s, body, len(prompts) * body.n, default_max=16), body.n)
+        texts = [s.tokenizer.decode(p) if body.echo else "" for p in job.prompts]
+        if body.stream:
+            return event_stream(completion_chunks(job, body, texts))
+        return await unless_disconnected(request, completion_response(job, body, texts))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = protocol.parse(protocol.ChatRequest, await read_json(request, max_body_bytes))
+        s = served(body.model)
+        prompt = await asyncio.to_thread(chat_prompt, s, body)
+        assert s.chat is not None  # chat_prompt refused the request otherwise
+        settings = samplings(s, body, body.n, s.max_tokens, s.chat.stop_tokens, s.chat.stop)
+        job = Job(s, [prompt], settings, body.n)
+        if body.stream:
+            return event_stream(chat_chunks(job, body))
+        return await unless_disconnected(request, chat_response(job, body))
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        return JSONResponse(APIError(err.status_code, message, code="not_found").body(), status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        error = APIError(500, f"internal error ({type(err).__name__}); the server's log has the details",
+                         kind="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
+
+async def unless_disconnected(request: Request, result) -> Any:
+    """Await a response, abandoning it (and its sequences) if the client disconnects first."""
+    task, gone = asyncio.ensure_future(result), asyncio.ensure_future(until_disconnected(request))
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        return JSONResponse({}, status_code=499)  # nobody reads it
+    gone.cancel()
+    return task.result()
+
+
+def event_stream(chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        async for chunk in chunks:
+            yield sse(chunk)
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def failed(output: Output) -> APIError:
+    return APIError(500, output.error or "decoding failed", kind="server_error")
+
+
+async def completion_response(job: Job, body, texts: list[str]) -> dict:
+    token_ids: list[list[int]] = [[] for _ in texts]
+    finish: list[str | None] = [None] * len(texts)
+    async for i, output in job.outputs():
+        if output.finish_reason == "error":
+            raise failed(output)
+        texts[i] += output.text
+        token_ids[i] += [output.token] if output.token is not None else []
+        finish[i] = output.finish_reason
+    choices = []
+    for i, text in enumerate(texts):
+        choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish[i]}
+        if body.return_token_ids:
+            choice.update(job.ids_of(i), token_ids=token_ids[i], token_texts=job.texts(token_ids[i]))
+        choices.append(choice)
+    return protocol.envelope("text_completion", protocol.new_id("cmpl"), body.model, choices, usage=job.usage())
+
+
+async def completion_chunks(job: Job, body, texts: list[str]) -> AsyncIterator[dict]:
+    rid = protocol.new_id("cmpl")
+    for i, text in enumerate(texts):  # the first chunk of each choice: the prompt (echo) and its ids
+        if text or body.return_token_ids:
+            choice = {"index": i, "text": text, "logprobs": None, "finish_reason": None}
+            if body.return_token_ids:
+                choice.update(job.ids_of(i))
+            yield protocol.envelope("text_completion", rid, body.model, [choice])
+    async for i, output in job.outputs():
+        if output.finish_reason == "error":
+            yield failed(output).body()
+            return
+        if not (output.text or output.finish_reason or body.return_token_ids):
+            continue
+        choice = {"index": i, "text": output.text, "logprobs": None, "finish_reason": output.finish_reason}
+        if body.return_token_ids:
+            choice.update(job.ids_of(i, output.token) if output.token is not None else {"token_ids": []})
+        yield protocol.envelope("text_completion", rid, body.model, [choice])
+    if body.stream_options and body.stream_options.include_usage:
+        yield protocol.envelope("text_completion", rid, body.model, [], usage=job.usage())
+
+
+async def chat_response(job: Job, body) -> dict:
+    texts, finish = [""] * len(job.sequences), [None] * len(job.sequences)
+    async for i, output in job.outputs():
+        if output.finish_reason == "error":
+            raise failed(output)
+        texts[i] += output.text
+        finish[i] = output.finish_reason
+    choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish[i]} for i, text in enumerate(texts)]
+    return protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), body.model, choices, usage=job.usage())
+
+
+async def chat_chunks(job: Job, body) -> AsyncIterator[dict]:
+    rid, kind = protocol.new_id("chatcmpl"), "chat.completion.chunk"
+    for i in range(len(job.sequences)):
+        first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        yield protocol.envelope(kind, rid, body.model, [first])
+    async for i, output in job.outputs():
+        if output.finish_reason == "error":
+            yield failed(output).body()
+            return
+        if not (output.text or output.finish_reason):
+            continue
+        delta = {"content": output.text} if output.text else {}
+        choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": output.finish_reason}
+        yield protocol.envelope(kind, rid, body.model, [choice])
+    if body.stream_options and body.stream_options.include_usage:
+        yield protocol.envelope(kind, rid, body.model, [], usage=job.usage())
+
+
+def add_page_routes(app: FastAPI, models: dict[str, Served], served, max_body_bytes: int) -> None:
+    """The attention page: its files, the models it can pick, tokens and attention pictures."""
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/api/models")
+    async def page_models() -> dict:
+        return {"models": [s.describe() for s in models.values()]}
+
+    @app.post("/api/attention")
+    async def page_attention(request: Request) -> dict:
+        data = await read_json(request, max_body_bytes)
+        if not isinstance(data, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        s = served(data.get("model"))
+        ids, prompt_tokens, position = data.get("ids"), data.get("prompt_tokens"), data.get("position")
+        if not isinstance(ids, list) or not isinstance(prompt_tokens, int) or not isinstance(position, int):
+            raise APIError(400, "ids (a list of token ids), prompt_tokens and position (integers) are required")
+        return await asyncio.to_thread(attention.token_picture, s, ids, prompt_tokens, position)

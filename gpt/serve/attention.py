@@ -1,0 +1,58 @@
+"""The attention the page draws: one token's weights over its context, for every layer and head, as
+gpt.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any design),
+with what each design of the model says its maps show (its Design.view, from the design registry).
+
+The context is the one the model used: a token of the prompt saw the prompt's tokens before it; a later token saw
+the window gpt.decoding.slide left when it was fed (the last block_size // 2 tokens after each slide).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpt.decoding import slide
+from gpt.serve.protocol import APIError
+from gpt.visualize import attention_maps, design_views, token_labels
+
+MAX_PICTURE_BYTES = 256 * 2**20  # the maps of one context (layers x heads x T x T floats) are computed whole
+
+
+def context_start(prompt_tokens: int, length: int, block_size: int) -> int:
+    """Where the context began when the sequence was ``length`` tokens long, by the rule of gpt.decoding.stream:
+    the prompt whole (at most block_size tokens), then a slide by half each time it outgrew block_size."""
+    starts = [0]
+    for n in range(prompt_tokens, length + 1):
+        slide([range(n)], starts, block_size)  # only the row's length matters
+    return starts[0]
+
+
+def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> dict:
+    """The weights of the token at ``position`` over its context: (n_layer, n_head, context) as nested lists,
+    with the context's token labels, and what to read from them."""
+    model, config = served.model, served.model.config
+    if not ids or not all(isinstance(t, int) and 0 <= t < served.tokenizer.vocab_size for t in ids):
+        raise APIError(400, "ids must be a non-empty list of token ids of this model", "ids")
+    if not 1 <= prompt_tokens <= min(len(ids), config.block_size):
+        raise APIError(400, f"prompt_tokens must be between 1 and {min(len(ids), config.block_size)}",
+                       "prompt_tokens")
+    if not 0 <= position < len(ids):
+        raise APIError(400, f"position must be between 0 and {len(ids) - 1}", "position")
+    start = context_start(prompt_tokens, max(position + 1, prompt_tokens), config.block_size)
+    context = ids[start : position + 1]
+    need = config.n_layer * config.n_head * len(context) ** 2 * 4
+    if need > MAX_PICTURE_BYTES:
+        raise APIError(400, f"the maps of a {len(context)}-token context need {need / 2**20:.0f} MiB; the page "
+                       f"draws contexts up to {MAX_PICTURE_BYTES / 2**20:.0f} MiB", "position")
+    idx = torch.tensor([context], device=next(model.parameters()).device)
+    with served.engine.lock:  # the recorder swaps the layers' kernels: no decoding step may run meanwhile
+        maps = attention_maps(model, idx)[:, :, -1, :]  # (n_layer, n_head, T): the last token's row
+    sums = maps.sum(-1)
+    notes = []  # what the weights themselves show, beside what the designs say they show (the registry's views)
+    if maps.min() < 0:
+        notes.append("some weights are negative (drawn in blue)")
+    if (sums < 0.99).any():
+        notes.append(f"the weights of a head sum to as little as {sums.min():.2f}: the rest goes to no token")
+    return {"model": served.name, "position": position, "context_start": start,
+            "tokens": token_labels(served.tokenizer, context), "layers": config.n_layer, "heads": config.n_head,
+            "weights": [[[round(float(w), 4) for w in head] for head in layer] for layer in maps.tolist()],
+            "views": design_views(config), "notes": notes}

@@ -1,0 +1,161 @@
+"""The checkpoints a server serves: each loaded once (any source gpt.pretrained reads), with its engine, its chat
+template if it has a usable one, and its limits; and what a request asks of it, as prompts and sampling settings."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, fields, replace
+
+from gpt import tokenizer as tok
+from gpt.config import GPTConfig
+from gpt.decoding import prompt_ids
+from gpt.designs import registry as designs
+from gpt.errors import UserError
+from gpt.model import GPT
+from gpt.pretrained import load_weights
+from gpt.sampling import check_sampling
+from gpt.serve.chat import ChatTemplate, ChatTemplateError, Renderer
+from gpt.serve.engine import Engine, Sampling
+from gpt.serve.protocol import SEED_RANGE, APIError, ChatRequest, CompletionRequest
+
+
+@dataclass
+class Served:
+    """One served checkpoint."""
+
+    name: str  # the model id requests name
+    model: GPT
+    tokenizer: tok.Tokenizer
+    engine: Engine
+    chat: ChatTemplate | None
+    chat_problem: str  # why chat requests are refused when chat is None
+    max_prompt_tokens: int
+    max_tokens: int  # the most tokens one request may ask for
+    created: int
+
+    def describe(self) -> dict:
+        """What the page shows of the model: its size, the options where it differs from GPT-2 and the attention
+        designs they turn on (the design registry's names)."""
+        config = self.model.config
+        defaults = GPTConfig()
+        options = {f.name: getattr(config, f.name) for f in fields(GPTConfig)
+                   if f.name not in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout",
+                                     "attention_backend")
+                   and getattr(config, f.name) != getattr(defaults, f.name)
+                   and not (f.name == "n_kv_head" and config.n_kv_head == config.n_head)}
+        return {"id": self.name, "n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd,
+                "block_size": config.block_size, "vocab_size": self.tokenizer.vocab_size,
+                "parameters": self.model.num_params(), "options": options,
+                "designs": [d.name for d in designs.active(config)], "chat": self.chat is not None}
+
+
+def model_name(ckpt: str) -> str:
+    """The id a checkpoint is served under: the path as given, without a trailing slash."""
+    return ckpt.rstrip("/") or ckpt
+
+
+def load(ckpt: str, name: str, device, kernel: str | None, backend: str | None, init_path: str | None,
+         limits: dict[str, int], renderer: Renderer, autocast) -> Served:
+    """Load a checkpoint for serving, as gpt.pretrained.load_model does, keeping its tokenizer description (the chat
+    template lives there); start its engine. A template that does not compile is reported, and chat refused."""
+    config, state, meta = load_weights(ckpt, init_path)
+    config = replace(config, attention=kernel or config.attention, attention_backend=backend)
+    model = GPT(config)
+    model.load_state_dict(state)
+    model = model.to(device).eval()
+    tokenizer = tok.from_meta(meta)
+    chat, problem = None, "this model has no chat template (its tokenizer description has no chat_template)"
+    if "chat_template" in meta:
+        try:
+            chat = ChatTemplate(meta["chat_template"], tokenizer, meta, renderer)
+        except ChatTemplateError as err:
+            problem = f"this model's chat template is unusable: {err}"
+    max_prompt = limits.get("max_prompt_tokens") or config.block_size
+    if max_prompt > config.block_size:
+        raise UserError(f"max_prompt_tokens={max_prompt} is more than {name}'s context (block_size "
+                        f"{config.block_size})", hint="leave max_prompt_tokens at null: each model's block_size")
+    engine = Engine(model, tokenizer, limits["max_batch"], limits["max_queue"], autocast, name).start()
+    return Served(name, model, tokenizer, engine, chat, problem, max_prompt, limits["max_tokens"], int(time.time()))
+
+
+def completion_prompts(served: Served, request: CompletionRequest) -> list[list[int]]:
+    """The token ids of each prompt of a completion request (an empty prompt starts as generate.py's does)."""
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt) or [""]
+    ids = [prompt_ids_of(served, p) for p in prompts]
+    for row in ids:
+        check_prompt(served, row, "prompt")
+    return ids
+
+
+def prompt_ids_of(served: Served, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        try:
+            return prompt_ids(served.tokenizer, prompt)
+        except UserError as err:  # a character the vocabulary lacks
+            raise APIError(400, str(err), "prompt") from None
+    bad = [t for t in prompt if not 0 <= t < served.tokenizer.vocab_size]
+    if bad:
+        last = served.tokenizer.vocab_size - 1
+        raise APIError(400, f"token id {bad[0]} is outside this model's vocabulary (0..{last})", "prompt")
+    return list(prompt) or prompt_ids(served.tokenizer, "")
+
+
+def check_prompt(served: Served, ids: list[int], param: str) -> None:
+    if len(ids) > served.max_prompt_tokens:
+        raise APIError(400, f"this model's maximum context length is {served.max_prompt_tokens} tokens; the prompt "
+                       f"has {len(ids)}", param, "context_length_exceeded")
+
+
+def chat_prompt(served: Served, request: ChatRequest) -> list[int]:
+    """The token ids of a conversation through the model's chat template."""
+    if served.chat is None:
+        raise APIError(400, f"{served.name}: {served.chat_problem}; use /v1/completions with a plain prompt",
+                       "messages", "no_chat_template")
+    if not request.messages:
+        raise APIError(400, "messages must hold at least one message", "messages")
+    try:
+        text = served.chat.render([m.as_template_input() for m in request.messages])
+        ids = served.chat.encode(text)
+    except (ChatTemplateError, UserError) as err:
+        raise APIError(400, str(err), "messages") from None
+    if not ids:
+        raise APIError(400, "the chat template wrote an empty prompt for these messages", "messages")
+    check_prompt(served, ids, "messages")
+    return ids
+
+
+def samplings(served: Served, request: CompletionRequest | ChatRequest, sequences: int, default_max: int,
+              stop_tokens: frozenset[int] = frozenset(), stop: tuple[str, ...] = ()) -> list[Sampling]:
+    """Each sequence's settings: OpenAI's defaults (temperature 1, no top-p) where the request gives none.
+
+    Sequence i samples with seed + i (a random seed when none is given), so the first matches generate.py's seed."""
+    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    max_tokens = default_max if max_tokens is None else max_tokens
+    if not 1 <= max_tokens <= served.max_tokens:
+        raise APIError(400, f"max_tokens is {max_tokens}; this server allows 1 to {served.max_tokens} "
+                       "(its max_tokens setting)", "max_tokens")
+    if not 1 <= request.n <= 16:
+        raise APIError(400, f"n must be between 1 and 16, got {request.n}", "n")
+    if sequences > served.engine.max_batch:
+        raise APIError(400, f"the request asks for {sequences} sequences (prompts x n); this server decodes at most "
+                       f"{served.engine.max_batch} together (max_batch)", "n")
+    temperature = 1.0 if request.temperature is None else request.temperature
+    try:
+        check_sampling(temperature, request.top_k, request.top_p)
+    except UserError as err:
+        raise APIError(400, str(err), str(err).split()[0]) from None
+    seed = secrets.randbits(63) if request.seed is None else request.seed
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1] - (sequences - 1):
+        raise APIError(400, f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}", "seed")
+    eot = served.tokenizer.eot_token
+    ends = stop_tokens | ({eot} if eot is not None else set())
+    strings = (*request.stops(), *stop)
+    return [Sampling(max_tokens, temperature, request.top_k, request.top_p, seed + i, strings, frozenset(ends))
+            for i in range(sequences)]
