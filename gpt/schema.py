@@ -58,6 +58,8 @@ SCHEMAS = {
     "bench_train": "gpt.bench.train:BenchTrainConfig",
     "arena": "gpt.bench.arena:ArenaConfig",
     "memory": "gpt.memory:MemoryConfig",
+    "train_tokenizer": "gpt.tokenizer_train:TrainTokenizerConfig",
+    "eval_tokenizer": "gpt.evaluation.tokenizer:EvalTokenizerConfig",
 }
 
 

@@ -83,6 +83,9 @@ class GPT2Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(texts)
+
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
 
