@@ -25,7 +25,6 @@ LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which gpt.model uses (and GPT-2
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # transformers' names for GPT-2's tanh-approximated GELU
 GPT2_VOCAB = 50257
 GPT2_TOKENIZER = {"kind": "gpt2", "vocab_size": GPT2_VOCAB, "encoding": GPT2_ENCODING}
-EOT = "<|endoftext|>"
 META_KEY = "gpt_attention"  # config.json key holding this project's own description (ignored by transformers)
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 # Every file an export may write: what marks a folder as holding one, and what overwrite=true replaces.

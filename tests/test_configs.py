@@ -89,6 +89,7 @@ SCRIPT_CONFIGS = {
     "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"),
+    "train_tokenizer": (["out=tokenizers/x"], "TrainTokenizerConfig"), "eval_tokenizer": ([], "EvalTokenizerConfig"),
 }
 
 
@@ -100,6 +101,8 @@ def test_every_script_config_composes_into_its_typed_config():
         for name in ("generate", "visualize_attention", "export"):
             with pytest.raises(ConfigError, match="ckpt must be given"):
                 typed(compose(config_name=name))
+        with pytest.raises(ConfigError, match="out must be given"):
+            typed(compose(config_name="train_tokenizer"))
 
 
 def test_overrides_are_type_checked():
