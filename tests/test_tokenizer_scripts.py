@@ -1,6 +1,7 @@
 """A trained tokenizer through the real scripts, as a user runs them: train it, prepare and train with it, then
 resume, generate, evaluate and export with no tokenizer argument; transformers opens the export and continues a
-prompt with the same greedy text. (Another tokenizer for the prepared data is refused: tests/test_tokenizer_bpe.py.)"""
+prompt with the same greedy text; resuming with another tokenizer is refused with one line (more refusals:
+tests/test_tokenizer_bpe.py)."""
 
 import json
 import shutil
@@ -35,6 +36,12 @@ def test_train_a_tokenizer_then_use_it_everywhere(tmp_path):
     resumed = run_script("train", *TINY, *data, "train.max_iters=20", f"out_dir={run}", "resume=true")
     assert resumed.returncode == 0, resumed.stderr
     assert "step 20: train loss" in resumed.stdout + resumed.stderr
+    before = (run / "ckpt.pt").read_bytes()
+    other = run_script("train", *TINY, *data, "data.tokenizer=char", "train.max_iters=30", f"out_dir={run}",
+                       "resume=true")
+    assert other.returncode == 2 and other.stderr.startswith("error: ") and "Traceback" not in other.stderr
+    assert "with the 500-token BPE" in other.stderr and "with the char tokenizer" in other.stderr
+    assert (run / "ckpt.pt").read_bytes() == before
     generated = run_script("generate", f"ckpt={run}", "prompt=def main", "max_new_tokens=15", "temperature=0",
                            "device=cpu")
     assert generated.returncode == 0 and generated.stdout.startswith("def main"), generated.stderr
