@@ -4,7 +4,6 @@ Resume a run: add out_dir=<run dir> resume=true. Several processes: torchrun --n
 """
 
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from omegaconf import DictConfig
 from gpt.cli import report_user_errors
 from gpt.errors import UserError
 from gpt.schema import register, typed
-from gpt.train.distributed import hydra_overrides_for_rank, run_worker
+from gpt.train.distributed import env_world_size, hydra_overrides_for_rank, run_worker
 
 register("train")
 sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
@@ -39,7 +38,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(cfg.out_dir if hydra_cfg.mode == RunMode.RUN else hydra_cfg.runtime.output_dir)
 
     def run():
-        if hydra_cfg.mode == RunMode.MULTIRUN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if hydra_cfg.mode == RunMode.MULTIRUN and env_world_size() > 1:
             raise UserError("a Hydra multirun (-m) cannot run under torchrun",
                             hint="launch one torchrun per configuration")
         return train(typed(cfg), run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
@@ -51,7 +50,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if env_world_size() > 1:
         run_worker(main)  # a torchrun worker ends without tearing down its process group
     else:
         main()
