@@ -17,11 +17,11 @@ test-fast: install-dev
 
 # Install only when something is missing, so repeated runs cost nothing (and no network is needed).
 install:
-	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors" 2>/dev/null \
+	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, tokenizers" 2>/dev/null \
 		|| $(PYTHON) -m pip install -e .
 
 install-dev:
-	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, \
+	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, tokenizers, \
 		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval, fastapi, uvicorn, jinja2, openai, selenium" \
 		2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
 

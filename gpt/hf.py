@@ -18,6 +18,7 @@ from gpt.config import GPTConfig
 from gpt.designs import registry as designs
 from gpt.errors import UserError
 from gpt.tokenizer import GPT2_ENCODING
+from gpt.tokenizer_files import attach, eot_id, reference, tokenizer_files  # noqa: F401  (tokenizer_files: export's)
 
 # OpenAI's GPT-2 stores these as Conv1D weights, (in, out): the transpose of nn.Linear's (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -25,7 +26,6 @@ LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which gpt.model uses (and GPT-2
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # transformers' names for GPT-2's tanh-approximated GELU
 GPT2_VOCAB = 50257
 GPT2_TOKENIZER = {"kind": "gpt2", "vocab_size": GPT2_VOCAB, "encoding": GPT2_ENCODING}
-EOT = "<|endoftext|>"
 META_KEY = "gpt_attention"  # config.json key holding this project's own description (ignored by transformers)
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 # Every file an export may write: what marks a folder as holding one, and what overwrite=true replaces.
@@ -89,7 +89,7 @@ def to_hf_state(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor
 
 def hf_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dtype, format_tag: str) -> dict[str, Any]:
     """config.json: a complete GPT2Config, plus this project's own description under META_KEY (read back here)."""
-    eot = GPT2_VOCAB - 1 if tokenizer.get("kind") == "gpt2" else None
+    eot = eot_id(tokenizer)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_embd": config.n_embd,
@@ -98,82 +98,17 @@ def hf_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dtype, 
         "attn_pdrop": config.dropout, "initializer_range": 0.02, "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "tie_word_embeddings": True,
         "use_cache": True, "bos_token_id": eot, "eos_token_id": eot, "dtype": str(dtype).removeprefix("torch."),
-        META_KEY: {"format": format_tag, "model_config": config.to_dict(), "tokenizer": tokenizer},
+        META_KEY: {"format": format_tag, "model_config": config.to_dict(), "tokenizer": reference(tokenizer)},
     }
 
 
 def generation_config(config: GPTConfig, tokenizer: dict[str, Any]) -> dict[str, Any]:
     """generation_config.json: end-of-text, and the padded ids (vocab_size > the tokenizer's) never generated."""
-    eot = GPT2_VOCAB - 1 if tokenizer.get("kind") == "gpt2" else None
+    eot = eot_id(tokenizer)
     gen: dict[str, Any] = {"bos_token_id": eot, "eos_token_id": eot}
     if config.vocab_size > tokenizer["vocab_size"]:
         gen["suppress_tokens"] = list(range(tokenizer["vocab_size"], config.vocab_size))
     return gen
-
-
-# --- tokenizer files ----------------------------------------------------------------------------------------------
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (vocab.json and merges.txt spell tokens with it)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {b: chr(b) for b in printable}, 0
-    for b in range(256):
-        if b not in table:
-            table[b], extra = chr(256 + extra), extra + 1
-    return table
-
-
-def _merge_pair(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """The two parts BPE joins to make ``token``: run BPE on its bytes with the merges ranked before it."""
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 2:
-        found = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if ranks.get(a + b, rank) < rank]
-        _, i = min(found)
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
-    return parts[0], parts[1]
-
-
-def gpt2_bpe_files(block_size: int) -> dict[str, str]:
-    """vocab.json, merges.txt and the tokenizer configs of GPT-2's BPE, derived offline from tiktoken's r50k_base."""
-    from gpt.tokenizer import load_gpt2_encoding
-
-    encoding = load_gpt2_encoding()
-    ranks: dict[bytes, int] = encoding._mergeable_ranks  # token bytes -> id, in merge order: GPT-2's encoder.json
-    table = bytes_to_unicode()
-    spell = lambda token: "".join(table[b] for b in token)  # noqa: E731
-    vocab = {spell(token): rank for token, rank in ranks.items()} | {EOT: encoding.eot_token}
-    merges = [" ".join(map(spell, _merge_pair(token, rank, ranks)))
-              for token, rank in sorted(ranks.items(), key=lambda item: item[1]) if len(token) > 1]
-    special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
-    tokenizer_config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": block_size, "add_prefix_space": False,
-                        **special, "added_tokens_decoder": {str(encoding.eot_token): {
-                            "content": EOT, "lstrip": False, "normalized": True, "rstrip": False,
-                            "single_word": False, "special": True}}}
-    return {"vocab.json": json.dumps(vocab, ensure_ascii=False),
-            "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
-            "tokenizer_config.json": json.dumps(tokenizer_config, indent=1),
-            "special_tokens_map.json": json.dumps(special, indent=1)}
-
-
-def char_tokenizer_files(chars: list[str], block_size: int) -> dict[str, str]:
-    """tokenizer.json for a character vocabulary: split into characters, one id each, joined back on decoding."""
-    tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": False},
-        "post_processor": None, "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": {ch: i for i, ch in enumerate(chars)}, "unk_token": "<unk>"},
-    }
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size}
-    return {"tokenizer.json": json.dumps(tokenizer, ensure_ascii=False), "tokenizer_config.json": json.dumps(config)}
-
-
-def tokenizer_files(tokenizer: dict[str, Any], block_size: int) -> dict[str, str]:
-    """The files that make ``AutoTokenizer.from_pretrained(folder)`` rebuild this model's tokenizer."""
-    if tokenizer.get("kind") == "gpt2":
-        return gpt2_bpe_files(block_size)
-    if tokenizer.get("kind") == "char":
-        return char_tokenizer_files(tokenizer["chars"], block_size)
-    return {}
 
 
 # --- import: a GPT-2 folder -> this project's model ---------------------------------------------------------------
@@ -323,7 +258,7 @@ def load_folder(path: str | Path, attention: str = "sdpa") -> tuple[GPTConfig, d
     hf = read_json(folder / "config.json")
     check_importable(hf, folder)  # before reading gigabytes of weights
     config, state = load_state(hf, read_tensors(folder), folder, attention)
-    tokenizer = hf.get(META_KEY, {}).get("tokenizer")
+    tokenizer = attach(hf.get(META_KEY, {}).get("tokenizer"), folder)  # a trained BPE's text is in tokenizer.json
     if tokenizer is None:  # a plain GPT-2 checkpoint: GPT-2's tokenizer, if its vocabulary can hold it
         if config.vocab_size < GPT2_VOCAB:
             raise UserError(f"{folder} has vocab_size {config.vocab_size} < {GPT2_VOCAB} and no {META_KEY} tokenizer "

@@ -78,6 +78,8 @@ SCHEMAS = {
     "memory": "gpt.memory:MemoryConfig",
     "serve": "gpt.serve.config:ServeConfig",
     "bench_serve": "gpt.bench.serve:BenchServeConfig",
+    "train_tokenizer": "gpt.tokenizer_train:TrainTokenizerConfig",
+    "eval_tokenizer": "gpt.evaluation.tokenizer:EvalTokenizerConfig",
 }
 
 

@@ -1,9 +1,18 @@
-"""Tokenizers: character level (vocabulary stored in meta.json) and GPT-2 BPE through tiktoken."""
+"""Tokenizers: character level (vocabulary stored in meta.json), GPT-2 BPE through tiktoken, and byte-level BPEs
+trained here (scripts/train_tokenizer.py) or elsewhere, read from their tokenizer.json by the tokenizers library.
+
+Each has a plain-data description (``to_meta()``; ``from_meta()`` rebuilds it) that prepared data, checkpoints
+and exports carry, so a model always travels with its tokenizer; two tokenizers are the same when their
+descriptions are equal.
+"""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Protocol
 
+from gpt import bpe
 from gpt.errors import UserError
 
 GPT2_ENCODING = "r50k_base"  # tiktoken's name for GPT-2's byte-pair encoding (50257 tokens)
@@ -13,7 +22,8 @@ GPT2_VOCAB_SIZE = 50257
 class Tokenizer(Protocol):
     kind: str
     vocab_size: int
-    eot_token: int | None
+    eot_token: int | None  # ends each document in prepared data (None: documents are joined with nothing)
+    special_tokens: dict[str, int]  # tokens that stand for no text, by name (chat work asks for CHAT_TOKENS here)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -29,6 +39,7 @@ class CharTokenizer:
 
     kind = "char"
     eot_token = None
+    special_tokens: dict[str, int] = {}
 
     def __init__(self, chars: list[str]) -> None:
         self.chars = list(chars)
@@ -67,9 +78,13 @@ class GPT2Tokenizer:
         self.encoding = load_gpt2_encoding()
         self.vocab_size = self.encoding.n_vocab
         self.eot_token = self.encoding.eot_token
+        self.special_tokens = {bpe.EOT: self.eot_token}
 
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(texts)
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
@@ -78,8 +93,87 @@ class GPT2Tokenizer:
         """The raw bytes of one token (a token may hold part of a UTF-8 character)."""
         return self.encoding.decode_single_token_bytes(token)
 
+    def byte_token(self, byte: int) -> int:
+        return self.encoding.encode_single_token(bytes([byte]))
+
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "encoding": GPT2_ENCODING}
+
+
+class BPETokenizer:
+    """A byte-level BPE read from its tokenizer.json (any vocabulary size; special tokens such as <|endoftext|>
+    and ChatML's <|im_start|>/<|im_end|> as its file lists them). Text is encoded by the tokenizers library, the
+    library transformers' AutoTokenizer uses, so both give the same ids; special-token text in a document is
+    encoded as plain text (as tiktoken's encode_ordinary does), so only code can emit a special token."""
+
+    kind = "bpe"
+
+    def __init__(self, json_text: str, where: str = "the tokenizer") -> None:
+        parsed = bpe.parse(json_text, where)
+        self.json, self.sha256 = json_text, bpe.sha256(json_text)
+        self.library, self.pieces = parsed.tokenizer, parsed.pieces
+        self.vocab_size, self.special_tokens = parsed.vocab_size, dict(parsed.special_tokens)
+        self.eot_token = self.special_tokens.get(bpe.EOT)
+        self.byte_ids = {piece[0]: token for token, piece in enumerate(self.pieces)
+                         if len(piece) == 1 and token not in self.special_tokens.values()}
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BPETokenizer:
+        """The tokenizer in a tokenizer.json, or in a folder holding one (a UserError naming the file if damaged)."""
+        text, file = bpe.read_text(path)
+        return cls(text, str(file))
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text (the library encodes them in parallel, without the GIL)."""
+        try:
+            encodings = self.library.encode_batch_fast(texts, add_special_tokens=False)
+        except TypeError:  # a lone surrogate (a JSON escape) is not text to Rust: one U+FFFD each, as tiktoken does
+            encodings = self.library.encode_batch_fast([valid_unicode(t) for t in texts], add_special_tokens=False)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", "replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token (part of a UTF-8 character, possibly); a special token's: its text."""
+        return self.pieces[token]
+
+    def byte_token(self, byte: int) -> int:
+        return self.byte_ids[byte]
+
+    def to_meta(self) -> dict[str, Any]:
+        """The description: the tokenizer.json text itself (checkpoints stay plain data), named by its sha256."""
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "special_tokens": dict(self.special_tokens),
+                "sha256": self.sha256, "json": self.json}
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def encode_bytes(tokenizer: GPT2Tokenizer | BPETokenizer, data: bytes) -> list[int]:
+    """Ids of raw bytes, valid UTF-8 or not: runs of valid UTF-8 encoded as text, every other byte as its own byte
+    token, so that ``decode_bytes`` gives ``data`` back exactly (a byte-level BPE has a token for each byte)."""
+    ids: list[int] = []
+    for i, piece in enumerate(re.split("([\udc80-\udcff]+)", data.decode("utf-8", "surrogateescape"))):
+        if i % 2:  # a run of bytes that are not UTF-8, escaped as U+DC80..U+DCFF
+            ids.extend(tokenizer.byte_token(ord(ch) - 0xDC00) for ch in piece)
+        elif piece:
+            ids.extend(tokenizer.encode(piece))
+    return ids
+
+
+def decode_bytes(tokenizer: Tokenizer, ids: list[int]) -> bytes:
+    return b"".join(tokenizer.token_bytes(i) for i in ids)
+
+
+def has_tokens(tokenizer: Tokenizer, *names: str) -> bool:
+    """Whether every named special token is in the tokenizer (``has_tokens(t, *bpe.CHAT_TOKENS)``: chat-ready)."""
+    return all(name in tokenizer.special_tokens for name in names)
 
 
 def load_gpt2_encoding():
@@ -114,9 +208,35 @@ def description_problem(meta: Any) -> str | None:
         if vocab != GPT2_VOCAB_SIZE or meta.get("encoding", GPT2_ENCODING) != GPT2_ENCODING:
             return (f"a gpt2 tokenizer has vocab_size {GPT2_VOCAB_SIZE} and encoding {GPT2_ENCODING}, "
                     f"not {vocab!r} and {meta.get('encoding')!r}")
+    elif kind == "bpe":
+        return bpe_problem(meta)
     else:
-        return f"unknown tokenizer kind {kind!r} (char or gpt2)"
+        return f"unknown tokenizer kind {kind!r} (char, gpt2 or bpe)"
     return None
+
+
+def bpe_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with a bpe description: its tokenizer.json text, or a size, special tokens or sha256 that are
+    not that text's (edited)."""
+    text = meta.get("json")
+    problem = bpe.problem(text)
+    if problem:
+        return f"the bpe tokenizer's tokenizer.json: {problem}"
+    if meta.get("sha256") != bpe.sha256(text):
+        return "the bpe tokenizer's sha256 is not that of its tokenizer.json (edited or cut)"
+    parsed = bpe.check(text)
+    if meta.get("vocab_size") != parsed.vocab_size or meta.get("special_tokens") != parsed.special_tokens:
+        return (f"the bpe tokenizer's vocab_size {meta.get('vocab_size')!r} or special_tokens differ from its "
+                f"tokenizer.json's ({parsed.vocab_size} tokens)")
+    return None
+
+
+def describe(meta: Any) -> str:
+    """A short name for a tokenizer description, for messages: ``char, 97 tokens`` or ``bpe, 4096 tokens, 1a2b3c4d``."""
+    if not isinstance(meta, dict):
+        return "none recorded"
+    sha = f", sha256 {str(meta.get('sha256'))[:8]}" if meta.get("kind") == "bpe" else ""
+    return f"{meta.get('kind')}, {meta.get('vocab_size')} tokens{sha}"
 
 
 def from_meta(meta: dict[str, Any]) -> Tokenizer:
@@ -129,13 +249,14 @@ def from_meta(meta: dict[str, Any]) -> Tokenizer:
         return CharTokenizer(meta["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise UserError(f"unknown tokenizer kind {kind!r} (expected 'char' or 'gpt2')")
+    return BPETokenizer(meta["json"])
 
 
 def build(kind: str, text: str | None = None) -> Tokenizer:
-    """A fresh tokenizer of ``kind``; a char tokenizer takes its vocabulary from ``text``."""
+    """A fresh tokenizer: ``char`` (its vocabulary from ``text``), ``gpt2``, or the path of a tokenizer.json
+    (or of a folder holding one)."""
     if kind == "char":
         return CharTokenizer.from_text(text or "")
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise UserError(f"unknown tokenizer {kind!r}", hint="use data.tokenizer=char or data.tokenizer=gpt2")
+    return BPETokenizer.from_file(kind)

@@ -90,6 +90,7 @@ SCRIPT_CONFIGS = {
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"),
     "serve": (["ckpt=runs/x"], "ServeConfig"), "bench_serve": ([], "BenchServeConfig"),
+    "train_tokenizer": (["out=tokenizers/x"], "TrainTokenizerConfig"), "eval_tokenizer": ([], "EvalTokenizerConfig"),
 }
 
 
@@ -101,6 +102,8 @@ def test_every_script_config_composes_into_its_typed_config():
         for name in ("generate", "visualize_attention", "export", "serve"):
             with pytest.raises(ConfigError, match="ckpt must be given"):
                 typed(compose(config_name=name))
+        with pytest.raises(ConfigError, match="out must be given"):
+            typed(compose(config_name="train_tokenizer"))
 
 
 def test_overrides_are_type_checked():

@@ -178,7 +178,7 @@ def test_few_documents_split_by_position_and_count_each_document_once(tmp_path):
 @pytest.mark.parametrize("field, value, message", [
     ("source", "ftp", "unknown data.source"), ("format", "csv", "unknown data.format"),
     ("val_fraction", 1.0, "val_fraction"), ("num_proc", 0, "num_proc"), ("shard_tokens", 0, "shard_tokens"),
-    ("sampling", "shuffle", "unknown data.sampling"), ("tokenizer", "bpe", "unknown data.tokenizer"),
+    ("sampling", "shuffle", "unknown data.sampling"), ("tokenizer", " ", "data.tokenizer is empty"),
 ])
 def test_bad_data_settings_are_config_errors(field, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -17,6 +17,7 @@ from gpt.errors import UserError
 from gpt.generate import GenerateConfig, sample_to
 from gpt.pretrained import load_model
 from gpt.tokenizer import CharTokenizer
+from gpt.tokenizer_files import tokenizer_files
 
 try:
     import transformers  # noqa: F401
@@ -109,7 +110,7 @@ def test_gpt2_tokenizer_files_reproduce_tiktoken(tmp_path):
     ours = GPT2Tokenizer()
     folder = tmp_path / "tok"
     folder.mkdir()
-    for name, text in hf.gpt2_bpe_files(block_size=64).items():
+    for name, text in tokenizer_files(hf.GPT2_TOKENIZER, block_size=64).items():
         (folder / name).write_text(text, encoding="utf-8")
     theirs = AutoTokenizer.from_pretrained(folder)
     text = ("Hello world!  It's 2024 — naïve café, 日本語 テキスト\n\n\tdef f(x):\n        return x**2  \n"

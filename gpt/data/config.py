@@ -9,7 +9,7 @@ from gpt.errors import ConfigError
 
 SOURCES = ("stdlib", "path", "url", "files", "hf")
 FORMATS = ("auto", "text", "jsonl", "parquet")
-TOKENIZERS = ("char", "gpt2")
+TOKENIZERS = ("char", "gpt2")  # by name; any other data.tokenizer is the path of a tokenizer.json or its folder
 SAMPLINGS = ("random", "epoch")
 
 
@@ -26,7 +26,9 @@ class DataConfig:
     split: str = "train"  # source=hf: which split of the dataset to read
     streaming: bool = False  # source=hf: stream from the hub instead of downloading the whole split first
     revision: Optional[str] = None  # source=hf: a hub branch, tag or commit (None: main)
-    tokenizer: str = "char"  # char | gpt2 (gpt2 ends every document with <|endoftext|>)
+    # char | gpt2 | <tokenizer.json or its folder> (a trained BPE); gpt2 and BPEs with <|endoftext|> end every document
+    # with it. Unset: the tokenizer data/<name> was prepared with (char when it is prepared now).
+    tokenizer: Optional[str] = None
     val_fraction: float = 0.1  # every round(1/val_fraction)-th document is validation (few documents: the tail)
     num_proc: Optional[int] = None  # threads that encode in parallel (None: os.cpu_count())
     shard_tokens: int = 100_000_000  # tokens per shard file (the last shard of a split holds the rest)
@@ -39,7 +41,6 @@ class DataConfig:
             raise ConfigError(f"data.name must be a plain folder name (no slashes), got {self.name!r}",
                               hint="put the parent folder in data.root")
         for key, value, allowed in (("source", self.source, SOURCES), ("format", self.format, FORMATS),
-                                      ("tokenizer", self.tokenizer, TOKENIZERS),
                                       ("sampling", self.sampling, SAMPLINGS)):
             if value not in allowed:
                 raise ConfigError(f"unknown data.{key} {value!r}", hint=f"use one of: {', '.join(allowed)}")
@@ -59,6 +60,8 @@ class DataConfig:
                               hint="leave it unset to use every core")
         if self.shard_tokens < 1:
             raise ConfigError(f"data.shard_tokens must be positive, got {self.shard_tokens}")
+        if self.tokenizer is not None and not self.tokenizer.strip():
+            raise ConfigError("data.tokenizer is empty", hint="use char, gpt2 or the path of a tokenizer.json")
         if not self.text_field:
             raise ConfigError("data.text_field is empty", hint="name the field that holds each document's text")
 

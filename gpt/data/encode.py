@@ -1,10 +1,11 @@
 """From documents to token ids: the train/validation split by whole documents, and batch encoders.
 
-Both encoders turn a chunk of documents into one array of ids of the shard dtype, and are safe to call from
+Each encoder turns a chunk of documents into one array of ids of the shard dtype, and is safe to call from
 several threads at once (gpt.data.prepare encodes chunks on ``data.num_proc`` threads). The GPT-2 encoder
-ends every document with <|endoftext|> (id 50256); tiktoken releases the GIL while it encodes. The character
-encoder joins documents with nothing between them, as this framework always has (a character vocabulary has
-no end-of-text symbol), and maps code points through a lookup table.
+ends every document with <|endoftext|> (id 50256); tiktoken releases the GIL while it encodes. A trained BPE
+ends them with its <|endoftext|> too (if it has one), encoding through the tokenizers library, which releases
+the GIL as well. The character encoder joins documents with nothing between them, as this framework always
+has (a character vocabulary has no end-of-text symbol), and maps code points through a lookup table.
 """
 
 from __future__ import annotations
@@ -124,10 +125,29 @@ class GPT2Encoder:
         return np.concatenate(pieces, dtype=self.dtype, casting="same_kind")  # one copy, cast on the way
 
 
-def make_encoder(tokenizer: tok.Tokenizer, dtype: np.dtype) -> CharEncoder | GPT2Encoder:
+class BPEEncoder:
+    """A trained byte-level BPE's ids of a chunk of documents (the tokenizers library encodes the chunk in parallel),
+    its <|endoftext|> after each document's end when it has one, as one array of ``dtype``."""
+
+    def __init__(self, tokenizer: tok.BPETokenizer, dtype: np.dtype | type = np.uint16) -> None:
+        self.tokenizer, self.dtype, self.eot = tokenizer, np.dtype(dtype), tokenizer.eot_token
+
+    def encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+        rows = self.tokenizer.encode_batch(texts)
+        if self.eot is not None:
+            rows = [row + [self.eot] if end else row for row, end in zip(rows, ends)]
+        return np.fromiter(chain.from_iterable(rows), dtype=self.dtype, count=sum(len(r) for r in rows))
+
+
+Encoder = CharEncoder | GPT2Encoder | BPEEncoder
+
+
+def make_encoder(tokenizer: tok.Tokenizer, dtype: np.dtype) -> Encoder:
     """The encoder for ``tokenizer``, giving ids of ``dtype`` (the shards' dtype)."""
     if isinstance(tokenizer, tok.CharTokenizer):
         return CharEncoder(tokenizer, dtype)
+    if isinstance(tokenizer, tok.BPETokenizer):
+        return BPEEncoder(tokenizer, dtype)
     return GPT2Encoder(tokenizer, dtype)
 
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from gpt import tokenizer as tok
 from gpt.checkpoint import atomic_write
-from gpt.data.config import DataConfig
-from gpt.data.encode import CharEncoder, GPT2Encoder, every_kth, make_encoder, route, text_bytes
+from gpt.data.config import TOKENIZERS, DataConfig
+from gpt.data.encode import Encoder, every_kth, make_encoder, route, text_bytes
 from gpt.data.hf import hf_source
 from gpt.data.lock import preparation_lock, signals_deferred, sigterm_interrupts
 from gpt.data.meta import FORMAT_VERSION, SPLITS, check_meta, read_meta, token_dtype  # noqa: F401
@@ -53,10 +53,25 @@ REPLACE_HINT = "pass data.name=<another folder> to keep both, or data.rebuild=tr
 Log = Callable[[str], None]
 
 
-def settings(cfg: DataConfig) -> dict[str, Any]:
-    """The preparation choices, beside the corpus itself, that the prepared files depend on."""
-    chosen = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction,
-              "document_end": "<|endoftext|>" if cfg.tokenizer == "gpt2" else "none", "shard_tokens": cfg.shard_tokens}
+def tokenizer_choice(cfg: DataConfig) -> str | tok.BPETokenizer | None:
+    """What data.tokenizer asks for: None (the prepared data's, char when preparing now), "char", "gpt2", or the
+    byte-level BPE read (and checked) from the tokenizer.json it names."""
+    if cfg.tokenizer is None or cfg.tokenizer in TOKENIZERS:
+        return cfg.tokenizer
+    if not Path(cfg.tokenizer).expanduser().exists():
+        raise UserError(f"unknown data.tokenizer {cfg.tokenizer!r}: not char, gpt2 or an existing tokenizer.json "
+                        "(or folder holding one)", hint="train one with scripts/train_tokenizer.py, or check the path")
+    return tok.BPETokenizer.from_file(cfg.tokenizer)
+
+
+def settings(cfg: DataConfig, choice: str | tok.BPETokenizer | None = "char") -> dict[str, Any]:
+    """The preparation choices, beside the corpus itself, that the prepared files depend on (with choice None, the
+    tokenizer's are left out: they are whatever the data was prepared with)."""
+    chosen: dict[str, Any] = {"val_fraction": cfg.val_fraction, "shard_tokens": cfg.shard_tokens}
+    if choice is not None:
+        ends = choice == "gpt2" or (isinstance(choice, tok.BPETokenizer) and choice.eot_token is not None)
+        chosen = {"tokenizer": choice if isinstance(choice, str) else choice.kind, "val_fraction": cfg.val_fraction,
+                  "document_end": "<|endoftext|>" if ends else "none", "shard_tokens": cfg.shard_tokens}
     if cfg.source in ("files", "hf"):
         chosen["text_field"] = cfg.text_field
     if cfg.source == "files":
@@ -64,19 +79,42 @@ def settings(cfg: DataConfig) -> dict[str, Any]:
     return chosen
 
 
-def up_to_date(meta: dict[str, Any], data_dir: Path, source: Source, cfg: DataConfig) -> bool:
-    """True if ``meta`` describes this source and these settings; a UserError when it describes other data.
+def same_tokenizer(meta: dict[str, Any], choice: str | tok.BPETokenizer | None) -> bool:
+    """Whether prepared data's tokenizer description is the one asked for (a BPE: the same tokenizer.json)."""
+    if choice is None:
+        return True
+    if isinstance(choice, str):
+        return meta["kind"] == choice
+    return meta["kind"] == "bpe" and meta.get("sha256") == choice.sha256
+
+
+def tokenizer_label(tokenizer: dict[str, Any] | str | tok.BPETokenizer | None) -> str:
+    """``char``, ``gpt2`` or ``4096-token BPE 1a2b3c4d`` (its sha256), for messages."""
+    if isinstance(tokenizer, tok.BPETokenizer):
+        tokenizer = tokenizer.to_meta()
+    if isinstance(tokenizer, dict):
+        if tokenizer.get("kind") != "bpe":
+            return str(tokenizer.get("kind"))
+        return f"{tokenizer.get('vocab_size'):,}-token BPE {str(tokenizer.get('sha256'))[:8]}"
+    return tokenizer or "char"
+
+
+def up_to_date(meta: dict[str, Any], data_dir: Path, source: Source, cfg: DataConfig,
+               choice: str | tok.BPETokenizer | None = None) -> bool:
+    """True if ``meta`` describes this source, tokenizer (``choice``, see tokenizer_choice) and these settings; a
+    UserError when it describes other data.
 
     A setting that a meta.json written before it was recorded lacks (shard_tokens) is not held against it.
     """
     check_meta(meta, data_dir)
     was = meta.get("source", {})
-    was_settings, was_tokenizer = was.get("settings", {}), meta["tokenizer"]["kind"]
-    if was.get("description") != source.description or was_tokenizer != cfg.tokenizer:
+    was_settings, was_tokenizer = was.get("settings", {}), meta["tokenizer"]
+    if was.get("description") != source.description or not same_tokenizer(was_tokenizer, choice):
+        asked = tokenizer_label(choice) + (f" ({cfg.tokenizer})" if isinstance(choice, tok.BPETokenizer) else "")
         raise UserError(f"{data_dir} was prepared from {was.get('description', 'another source')} with the "
-                        f"{was_tokenizer} tokenizer, not from {source.description} with the {cfg.tokenizer} tokenizer",
-                        hint=REPLACE_HINT)
-    differ = [f"data.{k}={was_settings[k]}, not {v}" for k, v in settings(cfg).items()
+                        f"{tokenizer_label(was_tokenizer)} tokenizer, not from {source.description} with the "
+                        f"{asked} tokenizer", hint=REPLACE_HINT)
+    differ = [f"data.{k}={was_settings[k]}, not {v}" for k, v in settings(cfg, choice).items()
               if k in was_settings and was_settings[k] != v]
     if differ:
         raise UserError(f"{data_dir} was prepared with {', '.join(differ)}", hint=REPLACE_HINT)
@@ -111,44 +149,48 @@ def prepare(cfg: DataConfig, force: bool = False, log: Log = print) -> Path:
     """
     data_dir = Path(cfg.root) / cfg.name
     source = load_source(cfg)
+    choice = tokenizer_choice(cfg)
     rebuild = force or cfg.rebuild
-    if not rebuild and is_prepared(data_dir, source, cfg):
+    if not rebuild and is_prepared(data_dir, source, cfg, choice):
         return data_dir
     with preparation_lock(data_dir, log) as waited:
-        if (waited or not rebuild) and is_prepared(data_dir, source, cfg, quiet=rebuild):
+        if (waited or not rebuild) and is_prepared(data_dir, source, cfg, choice, quiet=rebuild):
             return data_dir  # prepared meanwhile by the process this one waited for
         with sigterm_interrupts():
-            build(cfg, source, data_dir, log)
+            build(cfg, source, data_dir, log, "char" if choice is None else choice)
     return data_dir
 
 
-def is_prepared(data_dir: Path, source: Source, cfg: DataConfig, quiet: bool = False) -> bool:
+def is_prepared(data_dir: Path, source: Source, cfg: DataConfig, choice: str | tok.BPETokenizer | None,
+                quiet: bool = False) -> bool:
     """Whether data_dir holds this data, up to date; a UserError if it holds other data (False instead if quiet)."""
     try:
         meta = read_meta(data_dir)
-        return meta is not None and up_to_date(meta, data_dir, source, cfg)
+        return meta is not None and up_to_date(meta, data_dir, source, cfg, choice)
     except UserError:
         if quiet:
             return False
         raise
 
 
-def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log) -> None:
+def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log, choice: str | tok.BPETokenizer = "char") -> None:
     """Prepare into a staging folder (continuing an interrupted run of the same job), then commit it.
 
     Stopped by Ctrl-C or SIGTERM, it raises KeyboardInterrupt with one line saying what was kept."""
     staging = data_dir.with_name(f".{cfg.name}.preparing")
-    key = hashlib.sha256(json.dumps([FORMAT_VERSION, source.fingerprint(), settings(cfg), cfg.shard_tokens],
-                                    sort_keys=True).encode()).hexdigest()
+    job = [FORMAT_VERSION, source.fingerprint(), settings(cfg, choice), cfg.shard_tokens]
+    if isinstance(choice, tok.BPETokenizer):
+        job.append(choice.sha256)  # which BPE: an interrupted preparation with another one is not continued
+    key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
     resume = read_progress(staging, key)
     if resume is None:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     committed = False
     try:
-        log(f"preparing {data_dir} from {source.description} with the {cfg.tokenizer} tokenizer")
-        tokenizer = make_tokenizer(cfg, source, log)
-        meta = encode_corpus(cfg, source, tokenizer, staging, key, resume, log)
+        log(f"preparing {data_dir} from {source.description} with the {tokenizer_label(choice)} tokenizer")
+        tokenizer = make_tokenizer(choice, source)
+        meta = encode_corpus(cfg, source, tokenizer, staging, key, resume, log, settings(cfg, choice))
         with signals_deferred():  # a Ctrl-C now stops the process once the new data is complete in data_dir
             commit(staging, data_dir, meta)
             shutil.rmtree(staging, ignore_errors=True)
@@ -185,10 +227,12 @@ def read_progress(staging: Path, key: str) -> dict[str, Any] | None:
     return progress if progress.get("key") == key else None
 
 
-def make_tokenizer(cfg: DataConfig, source: Source, log: Log) -> tok.Tokenizer:
+def make_tokenizer(choice: str | tok.BPETokenizer, source: Source) -> tok.Tokenizer:
     """The tokenizer; a character vocabulary takes one streaming pass over the corpus to collect its characters."""
-    if cfg.tokenizer != "char":
-        return tok.build(cfg.tokenizer)
+    if isinstance(choice, tok.BPETokenizer):
+        return choice
+    if choice != "char":
+        return tok.build(choice)
     chars: set[str] = set()
     for text in source.documents():
         chars.update(text)
@@ -196,7 +240,7 @@ def make_tokenizer(cfg: DataConfig, source: Source, log: Log) -> tok.Tokenizer:
 
 
 def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, staging: Path, key: str,
-                  resume: dict[str, Any] | None, log: Log) -> dict[str, Any]:
+                  resume: dict[str, Any] | None, log: Log, chosen: dict[str, Any]) -> dict[str, Any]:
     """Stream, split, encode and shard every document into ``staging``; the meta.json it ends with."""
     dtype = token_dtype(tokenizer.vocab_size)
     writers = {s: ShardWriter(staging, s, dtype, cfg.shard_tokens, resume and resume["writers"][s]) for s in SPLITS}
@@ -241,7 +285,7 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
                          "max_token": writer.max_token if writer.max_token >= 0 else None, **stats[split]}
     return {"version": FORMAT_VERSION, "tokenizer": tokenizer.to_meta(), "dtype": dtype.name, "splits": splits,
             "source": {"kind": source.kind, "description": source.description, "fingerprint": source.fingerprint(),
-                       "settings": settings(cfg), "documents": index + 1, "empty_documents": empty}}
+                       "settings": chosen, "documents": index + 1, "empty_documents": empty}}
 
 
 Chunk = dict[str, tuple[list[str], list[bool]]]  # split -> (texts, whether each ends its document)
@@ -254,7 +298,7 @@ class EncodePipeline:
     Up to 2 * num_threads + 2 chunks are in flight, so a thread never waits for the others to finish a batch
     (a long document holds up one thread, not all of them) and memory stays bounded."""
 
-    def __init__(self, encoder: CharEncoder | GPT2Encoder, num_threads: int, writers: dict[str, ShardWriter],
+    def __init__(self, encoder: Encoder, num_threads: int, writers: dict[str, ShardWriter],
                  stats: dict[str, dict[str, int]], progress: Progress,
                  written: Callable[[tuple[int, int]], None]) -> None:
         self.encoder, self.writers, self.stats, self.progress, self.written = encoder, writers, stats, progress, written

@@ -36,6 +36,7 @@ class Source:
     read: Callable[[], Iterator[str]]  # the documents' text, in a fixed order; "" for an empty document
     total: int | None = None  # the number of documents, where known before reading
     notes: list[str] = field(default_factory=list)
+    raw: Callable[[], Iterator[tuple[Path, bytes]]] | None = None  # text files: each file's bytes, as stored
 
     def fingerprint(self) -> str:
         """sha256 of the manifest: equal fingerprints mean the same corpus (by size and modification time)."""
@@ -63,8 +64,15 @@ def files_source(files: list[Path], base: Path, kind: str, description: str, fmt
             yield from read_documents(path, file_format(path, fmt), text_field, skip_binary)
 
     manifest = {"kind": kind, "root": str(base.resolve()), "files": file_entries(files, base)}
-    total = len(files) if all(file_format(p, fmt) == "text" for p in files) else None
-    return Source(kind, description, manifest, read, total)
+    def raw() -> Iterator[tuple[Path, bytes]]:  # the files read() makes documents of, as they are stored
+        for path in files:
+            data = path.read_bytes()
+            if not (skip_binary and b"\0" in data[:8192]):
+                yield path, data
+
+    text_only = all(file_format(p, fmt) == "text" for p in files)
+    return Source(kind, description, manifest, read, len(files) if text_only else None,
+                  raw=raw if text_only else None)
 
 
 def stdlib_source() -> Source:

@@ -7,7 +7,7 @@ scored, so those get at least block_size - stride tokens of context (the Hugging
 
 Bits per byte divides the summed loss (in bits) by the UTF-8 bytes of the scored targets, so it compares
 models whatever their tokenizer: a character model and a GPT-2-token model on the same text. End-of-text
-tokens count their loss but no bytes (they stand for no text).
+and other special tokens count their loss but no bytes (they stand for no text).
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ class HeldOut:
 
 
 def byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
-    """UTF-8 bytes behind each token id (0 for end-of-text and for ids past the tokenizer's, e.g. padding)."""
+    """UTF-8 bytes behind each token id (0 for end-of-text and other special tokens, and for ids past the
+    tokenizer's, e.g. padding)."""
     lengths = np.zeros(vocab_size, dtype=np.int64)
+    special = {tokenizer.eot_token, *getattr(tokenizer, "special_tokens", {}).values()}
     for token in range(min(vocab_size, tokenizer.vocab_size)):
-        if token != tokenizer.eot_token:
+        if token not in special:
             lengths[token] = len(tokenizer.token_bytes(token))
     return lengths
 

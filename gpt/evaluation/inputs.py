@@ -11,7 +11,7 @@ from gpt import checkpoint, pretrained
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.errors import UserError
-from gpt.tokenizer import Tokenizer
+from gpt.tokenizer import Tokenizer, describe
 
 
 def recorded_data_dir(ckpt: str) -> Path | None:
@@ -53,8 +53,8 @@ def open_data(data: DataConfig | None, folder: str | None, ckpt: str, tokenizer:
                         hint=f"prepare it first: python scripts/prepare.py {how} (with the data's other settings)")
     tokens = TokenData(path)
     if tokens.tokenizer.to_meta() != tokenizer.to_meta():
-        raise UserError(f"the model's tokenizer ({tokenizer.kind}, {tokenizer.vocab_size} tokens) is not the one "
-                        f"{path} was prepared with ({tokens.tokenizer.kind}, {tokens.tokenizer.vocab_size} tokens)",
+        raise UserError(f"the model's tokenizer ({describe(tokenizer.to_meta())}) is not the one "
+                        f"{path} was prepared with ({describe(tokens.tokenizer.to_meta())})",
                         hint="evaluate on data prepared with the model's tokenizer (data.tokenizer=gpt2 for GPT-2)")
     n = len(tokens.splits[split])
     if n < block_size + 1:

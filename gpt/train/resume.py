@@ -14,6 +14,7 @@ from gpt import checkpoint
 from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
 from gpt.errors import UserError
+from gpt.tokenizer import describe
 from gpt.train.distributed import env_local_world_size, env_world_size
 
 TRAINING_ENTRIES = ("optimizer", "rng", "data", "step")  # without them a checkpoint can be sampled, not resumed
@@ -83,10 +84,9 @@ def sharded_state(folder: Path) -> dict[str, Any]:
 
 
 def _describe(tokenizer: Any) -> str:
-    if not isinstance(tokenizer, dict):
-        return "none recorded"
-    same_size = "; a vocabulary of the same size can still differ" if tokenizer.get("kind") == "char" else ""
-    return f"{tokenizer.get('kind')}, {tokenizer.get('vocab_size')} tokens{same_size}"
+    same_size = "; a vocabulary of the same size can still differ" if isinstance(tokenizer, dict) and \
+        tokenizer.get("kind") == "char" else ""
+    return f"{describe(tokenizer)}{same_size}"
 
 
 # The type of each training entry, and of each RNG state's parts: a checkpoint that disagrees is refused.
