@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.report import markdown_table
-from gpt.checkpoint import atomic_write
+from gpt.files import atomic_write
 
 COLUMNS = ["variant", "params", "val_loss", "val_bpb", "tokens", "tokens_per_s", "peak_mib", "kv_bytes_per_token",
            "decode_tok_s", "train_s", "val_tokens", "steps", "spec", "error"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.data.config import DataConfig
-from gpt.data.formats import file_format, read_documents
+from gpt.data.formats import file_format, looks_binary, read_documents
 from gpt.errors import UserError
 
 # Standard-library folders left out: tests (large and repetitive) and third-party packages.
@@ -35,7 +35,7 @@ class Source:
     manifest: dict[str, Any]  # what identifies the corpus, learnt without reading it
     read: Callable[[], Iterator[str]]  # the documents' text, in a fixed order; "" for an empty document
     total: int | None = None  # the number of documents, where known before reading
-    notes: list[str] = field(default_factory=list)
+    binary: list[Path] = field(default_factory=list)  # files the last read() skipped as binary (not text)
 
     def fingerprint(self) -> str:
         """sha256 of the manifest: equal fingerprints mean the same corpus (by size and modification time)."""
@@ -59,12 +59,18 @@ def files_source(files: list[Path], base: Path, kind: str, description: str, fmt
     """A Source reading each file in turn with its format's reader."""
 
     def read() -> Iterator[str]:
+        source.binary.clear()
         for path in files:
-            yield from read_documents(path, file_format(path, fmt), text_field, skip_binary)
+            form = file_format(path, fmt)
+            if skip_binary and form == "text" and looks_binary(path):
+                source.binary.append(path)  # skipped: its absence is said if nothing else holds text
+                continue
+            yield from read_documents(path, form, text_field)
 
     manifest = {"kind": kind, "root": str(base.resolve()), "files": file_entries(files, base)}
     total = len(files) if all(file_format(p, fmt) == "text" for p in files) else None
-    return Source(kind, description, manifest, read, total)
+    source = Source(kind, description, manifest, read, total)
+    return source
 
 
 def stdlib_source() -> Source:

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from gpt.checkpoint import atomic_write
 from gpt.errors import UserError
 from gpt.evaluation.loglik import encode_pair, loglikelihoods
+from gpt.files import atomic_write
 from gpt.tokenizer import Tokenizer
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"  # 10,042 examples

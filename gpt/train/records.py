@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from gpt.checkpoint import atomic_write
 from gpt.errors import UserError
+from gpt.files import atomic_write
 from gpt.train import visuals
 
 SUMMARY_FILE = "summary.json"

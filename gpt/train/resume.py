@@ -14,6 +14,7 @@ from gpt import checkpoint
 from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
 from gpt.errors import UserError
+from gpt.files import load_archive
 
 TRAINING_ENTRIES = ("optimizer", "rng", "data", "step")  # without them a checkpoint can be sampled, not resumed
 
@@ -72,7 +73,7 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
 def sharded_state(folder: Path) -> dict[str, Any]:
     """A sharded step folder's training entries (meta.pt) with its model tensors' names and shapes (on the meta
     device: checked like a whole checkpoint's, read later by every rank) and the folder to read them from."""
-    state = checkpoint.load_archive(folder / sharded.META)
+    state = load_archive(folder / sharded.META)
     if not isinstance(state, dict):
         raise UserError(f"{folder / sharded.META} is not a checkpoint written by this framework")
     state["model"] = {name: torch.empty(size, dtype=dtype, device="meta")
