@@ -45,14 +45,15 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], what: str 
         os.close(dir_fd)
 
 
-def load_archive(path: str | Path) -> Any:
-    """torch.load with weights_only=True: tensors and plain values only; a damaged or foreign file is a UserError."""
+def load_archive(path: str | Path, mmap: bool = False) -> Any:
+    """torch.load with weights_only=True: tensors and plain values only; a damaged or foreign file is a UserError.
+    ``mmap``: tensors stay on disk until used (for reading a checkpoint's small entries)."""
     path = Path(path)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is damaged or foreign
         raise UserError(f"{path} is not a readable checkpoint (not a torch archive)",
                         hint="it may be truncated, empty or not a checkpoint at all")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         found = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line]
         raise UserError(

@@ -147,10 +147,10 @@ class Record:
     hint. Absent fields take the given default; a field without one is required.
     """
 
-    def __init__(self, value: Any, where: str, hint: str | None = None, field: str = "") -> None:
+    def __init__(self, value: Any, where: str, hint: str | None = None, field: str = "", what: str = "") -> None:
         self.where, self.hint, self.field = where, hint, field
         if not isinstance(value, dict):
-            raise self.error(f"{field or 'the file'} must be a JSON object, got {type(value).__name__}")
+            raise self.error(f"{what or field or 'the file'} must be a JSON object, got {type(value).__name__}")
         self.value: dict[str, Any] = value
 
     def error(self, problem: str) -> UserError:

@@ -51,6 +51,7 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     if missing:
         raise UserError(f"{path} holds no training state ({', '.join(missing)} missing), so it cannot be resumed",
                         hint="it can still be sampled from with scripts/generate.py")
+    checkpoint.read_model(state, path)  # its entries' types and the weights' shapes, before comparing them
     diffs = model_config.shape_differences(state["model_config"])
     if diffs:
         raise UserError(f"cannot resume {path} with a model of another shape: {'; '.join(diffs)}",
@@ -58,11 +59,10 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     if state.get("tokenizer") != tokenizer:
         raise UserError(f"cannot resume {path}: its tokenizer ({_describe(state.get('tokenizer'))}) is not the data's "
                         f"({_describe(tokenizer)})", hint="resume with the data.* settings the run was trained with")
-    checkpoint.read_model(state, path)
     check_training_entries(state, path)
     if "sharded" in state:
         del state["model"]  # its shapes are checked; every rank reads its own part of the tensors
-    before, now = flatten(state.get("config", {})), flatten(config)
+    before, now = flatten(state.get("config") if isinstance(state.get("config"), dict) else {}), flatten(config)
     changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
     if changed:
