@@ -147,7 +147,8 @@ def check_sizes(config: GPTConfig, state: dict[str, torch.Tensor], source: str |
     wte = state.get("transformer.wte.weight")
     problem = None
     if config.n_layer != len(layers):
-        problem = f"model_config.n_layer is {config.n_layer:,}, the weights hold {len(layers)} layer{'s' if len(layers) != 1 else ''}"
+        problem = (f"model_config.n_layer is {config.n_layer:,}, the weights hold {len(layers)} "
+                   f"layer{'s' if len(layers) != 1 else ''}")
     elif wte is None or tuple(wte.shape) != (config.vocab_size, config.n_embd):
         problem = (f"transformer.wte.weight has shape {None if wte is None else tuple(wte.shape)}, the model config "
                    f"says {(config.vocab_size, config.n_embd)} (vocab_size, n_embd)")
