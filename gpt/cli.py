@@ -26,7 +26,10 @@ def report_user_errors(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except KeyboardInterrupt as err:  # raised with a message by writers that know what they kept (data preparation)
-        print(f"\nerror: {str(err) or 'interrupted (Ctrl-C); files already written are as they were'}", file=sys.stderr)
+        said = str(err)
+        if said in ("", "SIGINT", "SIGTERM"):
+            said = f"interrupted ({said or 'Ctrl-C'}); files already written are as they were"
+        print(f"\nerror: {said}", file=sys.stderr)
         sys.exit(130)
     except UserError as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -47,7 +50,8 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
     dataclass gpt.schema.SCHEMAS names ``schema``).
 
     main() composes the config with the command line's overrides (Hydra: -m, --help and --cfg work), types it
-    (gpt.schema.typed) and runs the body, all under :func:`report_user_errors`. A config error Hydra meets while
+    (gpt.schema.typed) and runs the body, all under :func:`report_user_errors`, with SIGTERM stopping it as Ctrl-C
+    does (the training loop installs its own handlers: save, then stop). A config error Hydra meets while
     composing (an unknown key or group, a value of the wrong type, an override it cannot parse) is one ``error:``
     line too, exit 2, in place of Hydra's multi-line report with exit 1.
     """
@@ -56,6 +60,7 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
             """Run the script on the command line's arguments (or on ``argv``, from Python)."""
             import hydra
 
+            from gpt.files import sigterm_interrupts
             from gpt.schema import composition_error, register, typed
 
             register(schema)
@@ -63,7 +68,8 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
 
             def task(cfg: Any) -> Any:
                 _set_env("HYDRA_FULL_ERROR", asked)  # composed: from here on, errors are reported as the user asked
-                return report_user_errors(lambda: body(typed(cfg)))
+                with sigterm_interrupts():  # SIGTERM stops like Ctrl-C: temporary files removed, exit 130
+                    return report_user_errors(lambda: body(typed(cfg)))
 
             os.environ["HYDRA_FULL_ERROR"] = "1"  # while composing, Hydra raises config errors instead of printing
             command = sys.argv

@@ -17,7 +17,7 @@ from torch import Tensor
 from gpt.checkpoint import MAX_BLOCK_SIZE
 from gpt.config import GPTConfig
 from gpt.errors import ConfigError, UserError
-from gpt.files import atomic_write
+from gpt.files import atomic_write_all
 from gpt.tokenizer import GPT2_ENCODING
 from gpt.validate import Record, dataclass_values, shown
 from gpt.validate import read_json as read_json_file
@@ -372,18 +372,21 @@ def _stale_files(out: Path, written: set[str]) -> list[Path]:
 
 
 def write_folder(out: Path, tensors: dict[str, Tensor], metadata: dict[str, str], files: dict[str, str]) -> None:
-    """Write model.safetensors and the text files, each atomically; config.json last, so that a folder with a
-    config.json is complete. The previous export's files that this one does not rewrite are removed."""
+    """Write model.safetensors and the text files as one replacement (gpt.files.atomic_write_all): all are
+    written beside their targets first, then renamed with config.json last, so that a folder with a config.json is
+    complete and an interrupted or failed export leaves the previous one as it was. The previous export's files
+    that this one does not rewrite are removed afterwards."""
     out.mkdir(parents=True, exist_ok=True)
     st = safetensors_torch()
-    # safetensors writes to a path: the temporary file atomic_write opened (its fsync covers what was written).
-    atomic_write(out / WEIGHTS, lambda f: st.save_file(tensors, f.name, metadata=metadata), what="weights",
-                 hint="nothing of the previous export was replaced; free disk space or pick another out=")
+    # safetensors writes to a path: the temporary file atomic_write_all opened (its fsync covers what was written).
+    writes = [(out / WEIGHTS, lambda f: st.save_file(tensors, f.name, metadata=metadata))]
+    writes += [(out / name, lambda f, text=files[name]: f.write(text.encode("utf-8")))
+               for name in sorted(files, key=lambda name: name == "config.json")]
     stale = _stale_files(out, {WEIGHTS, *files})
+    atomic_write_all(writes, what="the export", hint="the previous export is unchanged; free disk space or pick "
+                                                      "another out=")
     for path in stale:
-        path.unlink()
-    for name in sorted(files, key=lambda name: name == "config.json"):
-        atomic_write(out / name, lambda f, text=files[name]: f.write(text.encode("utf-8")), what=name)
+        path.unlink(missing_ok=True)
 
 
 def push_to_hub(folder: Path, repo_id: str, private: bool = False, endpoint: str | None = None) -> str:

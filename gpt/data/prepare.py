@@ -37,13 +37,13 @@ from gpt import tokenizer as tok
 from gpt.data.config import DataConfig
 from gpt.data.encode import CharEncoder, GPT2Encoder, every_kth, make_encoder, route, text_bytes
 from gpt.data.hf import hf_source
-from gpt.data.lock import preparation_lock, signals_deferred, sigterm_interrupts
+from gpt.data.lock import preparation_lock
 from gpt.data.meta import FORMAT_VERSION, SPLITS, check_meta, read_meta, token_dtype  # noqa: F401
 from gpt.data.progress import Progress
 from gpt.data.shards import ShardWriter
 from gpt.data.sources import Source, format_source, path_source, stdlib_source, url_source
 from gpt.errors import UserError
-from gpt.files import atomic_write
+from gpt.files import atomic_write, signals_deferred, sigterm_interrupts
 from gpt.validate import Record, read_json
 
 PROGRESS_FILE = "progress.json"

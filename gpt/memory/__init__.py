@@ -190,10 +190,13 @@ def parse_bytes(text: str) -> int:
     if not match or unit not in GB_UNITS:
         raise ConfigError(f"gpu_memory={text!r} is not an amount of memory", hint="write e.g. gpu_memory=80GB")
     try:
-        return int(float(match.group(1)) * GB_UNITS[unit])
+        amount = float(match.group(1)) * GB_UNITS[unit]
     except ValueError:
         raise ConfigError(f"gpu_memory={text!r} is not an amount of memory",
                           hint="write e.g. gpu_memory=80GB") from None
+    if not math.isfinite(amount) or amount >= 2**63:  # 1e400GB is no amount either
+        raise ConfigError(f"gpu_memory={text!r} is beyond any amount of memory", hint="write e.g. gpu_memory=80GB")
+    return int(amount)
 
 
 @dataclass
