@@ -7,9 +7,10 @@ cannot represent is refused by name, in both directions, instead of loading into
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
@@ -376,15 +377,33 @@ def write_folder(out: Path, tensors: dict[str, Tensor], metadata: dict[str, str]
     written beside their targets first, then renamed with config.json last, so that a folder with a config.json is
     complete and an interrupted or failed export leaves the previous one as it was. The previous export's files
     that this one does not rewrite are removed afterwards."""
-    out.mkdir(parents=True, exist_ok=True)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"could not create out={out}: {err.strerror or err}", hint="pick a folder you can write to") \
+            from None
     st = safetensors_torch()
-    # safetensors writes to a path: the temporary file atomic_write_all opened (its fsync covers what was written).
-    writes = [(out / WEIGHTS, lambda f: st.save_file(tensors, f.name, metadata=metadata))]
+
+    def weights(f: BinaryIO) -> None:
+        """safetensors writes to a path: the temporary file atomic_write_all opened (its fsync covers the write)."""
+        try:
+            st.save_file(tensors, f.name, metadata=metadata)
+        except Exception as err:  # safetensors' own error type for a full disk: an OSError for the writer
+            raise OSError(str(err).removeprefix("Error while serializing: ")) from None
+
+    writes = [(out / WEIGHTS, weights)]
     writes += [(out / name, lambda f, text=files[name]: f.write(text.encode("utf-8")))
                for name in sorted(files, key=lambda name: name == "config.json")]
     stale = _stale_files(out, {WEIGHTS, *files})
-    atomic_write_all(writes, what="the export", hint="the previous export is unchanged; free disk space or pick "
-                                                      "another out=")
+    try:
+        atomic_write_all(writes, what="the export", hint="the previous export is unchanged; free disk space or pick "
+                                                          "another out=")
+    except BaseException:
+        if created:  # the folder this export made, empty again
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     for path in stale:
         path.unlink(missing_ok=True)
 

@@ -175,6 +175,9 @@ def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTCon
     (OpenAI's weights). Every source gets the same checks: the weights' names and shapes against the config, the
     tokenizer description complete and within the model's vocabulary."""
     ckpt = str(ckpt)
+    for name, value in (("ckpt", ckpt), ("init_path", init_path)):
+        if value is not None and not value.strip():  # "" would name the current folder
+            raise UserError(f"{name} is empty", hint=f"give {name}=<a run folder, checkpoint, export or gpt2*>")
     read = next(reader for _, matches, reader in SOURCES if matches(ckpt))
     config, state, tokenizer = read(ckpt, init_path)
     checkpoint.check_model_state(config, state, init_path or ckpt)

@@ -13,6 +13,7 @@ from gpt.attention.recording import record_attention
 from gpt.config import MISSING
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError
+from gpt.files import atomic_write, output_path
 from gpt.model import GPT
 from gpt.tokenizer import Tokenizer
 
@@ -30,6 +31,7 @@ class VisualizeConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def __post_init__(self) -> None:
+        output_path(self.out, "out", suffix=".png")
         for name in ("layer", "head"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -108,10 +110,15 @@ def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: st
     maps = attention_maps(model, torch.tensor([ids], device=device))
     fig = attention_figure(maps, token_labels(tokenizer, ids), layer, head,
                            title=f"attention maps ({model.config.attention} kernel, weights recomputed)")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    out = output_path(str(out), "out", suffix=".png")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"could not create the folder of out={out}: {err.strerror or err}") from None
+    try:
+        atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=110), what="the picture")
+    finally:
+        plt.close(fig)
     return out
 
 

@@ -27,6 +27,7 @@ from gpt.config import AttentionConfig, GPTConfig, ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, check_positive
+from gpt.files import output_path
 from gpt.train.config import RunConfig, TrainConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -89,6 +90,7 @@ class ArenaConfig:
     out_dir: str = "runs/arena"
 
     def __post_init__(self) -> None:
+        output_path(self.out_dir, "out_dir", folder=True)
         variant_runs(self)  # every variant's model and training config, validated before anything runs
 
 

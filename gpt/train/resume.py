@@ -16,6 +16,7 @@ from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.files import load_archive
 
+RUN_FILES = (checkpoint.LATEST, checkpoint.BEST, "summary.json", "train.log")  # the files a run writes
 TRAINING_ENTRIES = ("optimizer", "rng", "data", "step")  # without them a checkpoint can be sampled, not resumed
 
 
@@ -118,6 +119,10 @@ def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
                  config: dict[str, Any], lock: checkpoint.FolderLock,
                  log: Callable[[str], None]) -> dict[str, Any] | None:
     """Rank 0: the state to resume from (None: afresh), with run_dir created, writable and locked for this run."""
+    for name in RUN_FILES:  # refused now, not when the first save fails after training
+        if (run_dir / name).exists() and not (run_dir / name).is_file():
+            raise UserError(f"{run_dir / name} is a folder, where the run writes its {name} file",
+                            hint="move it away, or choose another out_dir")
     state = resume_state(run_dir, resume, model_config, tokenizer, config, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
