@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import yaml
 
 from gpt.config import AttentionConfig, GPTConfig, ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
-from gpt.errors import ConfigError, check_positive
+from gpt.errors import ConfigError, UserError, check_positive
 from gpt.files import output_path
 from gpt.train.config import RunConfig, TrainConfig
+from gpt.validate import parse_yaml_scalar
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {},  # learned positions, full multi-head attention: the baseline
@@ -106,7 +106,10 @@ def parse_variant(spec: str) -> dict[str, Any]:
             if name not in known:
                 raise ConfigError(f"arena.variants: {key!r} in {spec!r} is not a model field",
                                   hint=f"model fields: {', '.join(known)}")
-            overrides[name] = yaml.safe_load(value)
+            try:
+                overrides[name] = parse_yaml_scalar(value.strip(), f"arena.variants: {key.strip()}")
+            except UserError as err:
+                raise ConfigError(f"{err} in {spec!r}", hint=err.hint) from None
         elif part in PRESETS:
             overrides.update(PRESETS[part])
         else:
