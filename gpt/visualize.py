@@ -126,8 +126,8 @@ def run(cfg: VisualizeConfig) -> Path:
     """scripts/visualize_attention.py: load the model, draw the prompt's attention maps, return the picture's path."""
     from gpt.decoding import prompt_ids
     from gpt.device import resolve_device
-    from gpt.generate import unescape
     from gpt.pretrained import load_model
+    from gpt.text import unescape
 
     model, tokenizer = load_model(cfg.ckpt, resolve_device(cfg.device.type), init_path=cfg.init_path)
     ids = prompt_ids(tokenizer, unescape(cfg.prompt))
