@@ -242,6 +242,11 @@ def load_full(folder: Path, optimizer: bool = False) -> dict[str, Any]:
 
     ``model`` always; ``optimizer`` (keyed by parameter name) too when asked, which makes the payload resumable."""
     payload = load_archive(folder / META)
+    groups = payload.get("optimizer", {}).get("param_groups") if isinstance(payload, dict) and isinstance(
+        payload.get("optimizer", {}), dict) else None
+    if not isinstance(payload, dict) or (optimizer and not isinstance(groups, list)):
+        raise UserError(f"{folder / META} is not the training state this framework writes",
+                        hint="the sharded checkpoint is damaged; resume from a copy or start a new run")
     prefixes = (MODEL_PREFIX, OPTIM_PREFIX) if optimizer else (MODEL_PREFIX,)
     tensors = {prefix + name: torch.empty(size, dtype=dtype)
                for prefix in prefixes for name, (size, dtype) in tensor_shapes(folder, prefix).items()}
@@ -251,7 +256,7 @@ def load_full(folder: Path, optimizer: bool = False) -> dict[str, Any]:
     model_state, optimizer_state = unflatten(tensors)
     payload["model"] = model_state
     if optimizer:
-        payload["optimizer"] = {"state": optimizer_state, "param_groups": payload["optimizer"]["param_groups"]}
+        payload["optimizer"] = {"state": optimizer_state, "param_groups": groups}
     return payload
 
 
