@@ -143,8 +143,10 @@ def download(url: str, target: Path) -> None:
         with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
             while chunk := response.read(1 << 20):
                 out.write(chunk)
-    except OSError as err:
+    except BaseException as err:  # a failed or interrupted download leaves nothing behind
         partial.unlink(missing_ok=True)
+        if not isinstance(err, OSError):
+            raise
         raise UserError(f"could not download {url}: {err}",
                         hint="check the network, or download the file yourself and use data=text data.path=<file>",
                         ) from None
