@@ -128,8 +128,6 @@ def output_path(value: str | None, option: str, suffix: str | None = None, folde
         if len(os.fsencode(part)) > 255:  # NAME_MAX of every common file system
             raise UserError(f"{option}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, more than the 255 a "
                             "file system allows", hint=f"give {option} a shorter name")
-    if not folder and suffix and (path.suffix.lower() != suffix or path.name.lower() == suffix):
-        raise UserError(f"{option} must name a {suffix} file, got {text!r}", hint=f"e.g. {option}=results/out{suffix}")
     try:
         if folder and path.exists() and not path.is_dir():
             raise UserError(f"{option}={text} is a file, not a folder", hint=f"give {option} a folder path")
@@ -139,6 +137,8 @@ def output_path(value: str | None, option: str, suffix: str | None = None, folde
         below = next((parent for parent in path.parents if parent.exists()), None)
     except OSError as err:  # a path the system refuses to look at (too long as a whole, a loop of links)
         raise UserError(f"{option}={text[:80]} is not a usable {kind} path: {err.strerror or err}") from None
+    if not folder and suffix and (path.suffix.lower() != suffix or path.name.lower() == suffix):
+        raise UserError(f"{option} must name a {suffix} file, got {text!r}", hint=f"e.g. {option}=results/out{suffix}")
     if below is not None and not below.is_dir():
         raise UserError(f"{option}={text} is below {below}, which is a file, not a folder",
                         hint=f"give {option} a path whose folders are folders")
