@@ -152,8 +152,8 @@ def damaged_parquet(tmp: Path) -> Path:
     return path
 
 
-def truncated_shard(root: Path, tmp: Path) -> Path:
-    """A sharded step folder of the model whose one .distcp file lost its second half."""
+def truncated_shard(root: Path, tmp: Path, missing: bool = False) -> Path:
+    """A sharded step folder of the model whose one .distcp file lost its second half (or, ``missing``, is gone)."""
     import torch.distributed.checkpoint as dcp
 
     from gpt import sharded_checkpoint as sharded
@@ -165,8 +165,17 @@ def truncated_shard(root: Path, tmp: Path) -> Path:
              no_dist=True)
     checkpoint.save({k: v for k, v in payload.items() if k != "model"}, folder / sharded.META)
     shard = next(folder.glob("*.distcp"))
-    os.truncate(shard, shard.stat().st_size // 2)
+    shard.unlink() if missing else os.truncate(shard, shard.stat().st_size // 2)
     return folder
+
+
+def binary_pointer(tmp: Path) -> Path:
+    """A run folder whose sharded checkpoint's ``latest`` pointer holds bytes that are not text."""
+    from gpt import sharded_checkpoint as sharded
+
+    (tmp / "run" / sharded.ROOT).mkdir(parents=True)
+    (tmp / "run" / sharded.ROOT / sharded.POINTER).write_bytes(b"\xff\xfe\x00\x89PNG")
+    return tmp / "run"
 
 
 def jsonl(tmp: Path, *records: dict) -> Path:
@@ -262,6 +271,10 @@ CASES = {
         "docs.parquet"),
     "a truncated shard of a sharded checkpoint": (
         GENERATE, lambda r, t: [f"ckpt={truncated_shard(r, t)}"], "(truncated)"),
+    "a sharded checkpoint missing its shard": (
+        GENERATE, lambda r, t: [f"ckpt={truncated_shard(r, t, missing=True)}"], "is missing"),
+    "a latest pointer that is not text": (
+        GENERATE, lambda r, t: [f"ckpt={binary_pointer(t)}"], "does not name a step folder"),
     "prepared data whose meta.json is not UTF-8": (
         "prepare", lambda r, t: [*data_args(r), f"data.root={spoiled(r, t, 'data', 'text/meta.json', NOT_UTF8)}"],
         "meta.json: not UTF-8 text"),
@@ -415,6 +428,10 @@ def test_full_and_read_only_disks_are_one_error_and_leave_nothing(tmpfs, tmp_pat
                        "Read-only file system")
     refused_in_process(capsys, "visualize_attention", [f"ckpt={tmp_path / 'big.pt'}", f"out={read_only / 'a.png'}",
                                                        "prompt=abc", "device=cpu"], "Read-only file system")
+    started = time.monotonic()  # before any variant trains, not after each one failed
+    refused_in_process(capsys, "arena", [f"out_dir={read_only / 'arena'}", "arena.quick=true"],
+                       "could not create out_dir")
+    assert time.monotonic() - started < 10
 
 
 # --- in processes of their own: signals, and the command line as a shell passes it --------------------------------

@@ -249,7 +249,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     The tables and the plot go to out_dir (gpt.bench.arena_report).
     """
     from gpt import checkpoint
-    from gpt.bench.arena_report import write_reports
+    from gpt.bench.arena_report import make_out_dir, write_reports
     from gpt.bench.isolate import run_here, run_isolated
     from gpt.data.prepare import prepare
     from gpt.device import resolve_device
@@ -259,6 +259,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
         if (Path(variant.out_dir) / checkpoint.LATEST).exists():
             raise ConfigError(f"{variant.out_dir} already holds a run: the arena trains every variant from scratch",
                               hint="choose another out_dir (or remove that folder)")
+    make_out_dir(Path(cfg.out_dir))  # a read-only or full disk is one error now, not after every variant failed
     prepare(cfg.data, log=log)  # once, before any variant: they all read it
     device = resolve_device(cfg.device.type)
     rows = []

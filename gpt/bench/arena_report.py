@@ -96,13 +96,18 @@ def plot_attention(rows: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], log: Callable[[str], None]) -> None:
-    """arena.md (heading, then the leaderboard), arena.csv, arena_curves.csv and arena_loss.png in ``out``;
-    the leaderboard on the console too."""
+def make_out_dir(out: Path) -> None:
+    """Create the arena's out_dir, or one UserError (a read-only or full disk) before any variant trains."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"could not create out_dir={out}: {err.strerror or err}") from None
+
+
+def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], log: Callable[[str], None]) -> None:
+    """arena.md (heading, then the leaderboard), arena.csv, arena_curves.csv and arena_loss.png in ``out``;
+    the leaderboard on the console too."""
+    make_out_dir(out)
     text = f"{heading}\n\n{leaderboard(rows)}\n"
     atomic_write(out / "arena.md", lambda f: f.write(text.encode()), what="the arena's leaderboard")
     write_csv(out / "arena.csv", COLUMNS, rows, "the arena's table")
