@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from gpt.attention.backends import compute_dtype, pin_for
 from gpt.kv_cache import KVCache
 from gpt.model import GPT
 from gpt.sampling import check_sampling, sample_next
@@ -93,6 +94,8 @@ def stream(
     finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
     cache: KVCache | None = None  # the first step always prefills, so next_token is set before a decode
     next_token = positions = torch.empty(0, dtype=torch.long, device=device)
+    decode_pin = pin_for(model.config.attention, model.config.attention_backend, device,  # held by a compiled step too
+                         compute_dtype(device, next(model.parameters()).dtype), decoding=True)
     for _ in range(max_new_tokens):
         slid = slide(rows, starts, model.config.block_size)
         if cache is None or slid:  # prefill (every step without a cache: recompute the context)
@@ -101,7 +104,8 @@ def stream(
             logits = prefill(model, idx, positions, key_mask, cache)
         else:  # decode: one new token per row against the cached keys
             positions = positions[:, -1:] + 1
-            logits = decode_step(model, next_token, positions, cache)
+            with decode_pin:
+                logits = decode_step(model, next_token, positions, cache)
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
         for row, token in zip(rows, next_token.flatten().tolist()):
             row.append(token)

@@ -10,7 +10,7 @@ import torch
 from gpt.errors import UserError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # autocast dtype of each reduced precision
 
 
 @dataclass
@@ -58,7 +58,7 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     """The autocast context for a resolved precision (a no-op for fp32)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
 def configure_matmul(device: torch.device) -> None:

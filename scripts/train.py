@@ -4,12 +4,11 @@ Resume a run: add out_dir=<run dir> resume=true. Several processes: torchrun --n
 """
 
 import logging
-import os
 import sys
 from pathlib import Path
 
 from gpt.cli import hydra_entry
-from gpt.train.distributed import hydra_overrides_for_rank, run_worker
+from gpt.train.distributed import env_world_size, hydra_overrides_for_rank, run_worker
 
 sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
 
@@ -31,7 +30,7 @@ def main(run) -> None:
     from gpt.train.trainer import train
 
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if hydra_cfg.mode == RunMode.MULTIRUN and env_world_size() > 1:
         raise UserError("a Hydra multirun (-m) cannot run under torchrun", hint="launch one torchrun per configuration")
     # a single run goes to out_dir; each job of a multirun (-m) to its numbered folder below it
     run_dir = Path(run.out_dir if hydra_cfg.mode == RunMode.RUN else hydra_cfg.runtime.output_dir)
@@ -42,7 +41,7 @@ def main(run) -> None:
 
 
 if __name__ == "__main__":
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if env_world_size() > 1:
         run_worker(main)  # a torchrun worker ends without tearing down its process group
     else:
         main()

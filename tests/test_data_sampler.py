@@ -53,7 +53,7 @@ def test_ranks_read_disjoint_windows_and_together_what_one_process_reads(data, k
 @pytest.mark.parametrize("kind", ["random", "epoch"])
 def test_a_restored_sampler_continues_exactly_across_epochs(data, kind):
     sampler = make_sampler(kind, data, 8, BLOCK, seed=5)
-    steps = sampler.windows // 8 + 3 if kind == "epoch" else 40  # past the end of the first epoch
+    steps = sampler.sampler.windows // 8 + 3 if kind == "epoch" else 40  # past the end of the first epoch
     for _ in range(steps // 2):
         sampler.next()
     state = sampler.state_dict()
@@ -61,6 +61,22 @@ def test_a_restored_sampler_continues_exactly_across_epochs(data, kind):
     restored = make_sampler(kind, data, 8, BLOCK, seed=999)  # the seed comes back with the state
     restored.load_state_dict(state)
     assert [restored.next() for _ in range(steps)] == ahead
+
+
+@pytest.mark.parametrize("kind", ["random", "epoch"])
+def test_a_draw_ahead_comes_next_and_a_state_saved_meanwhile_resumes_where_the_run_stood(data, kind):
+    """The training loop reads the next micro-batch early (gpt.data.sampler.Lookahead): same order, same checkpoints."""
+    plain = make_sampler(kind, data, 4, BLOCK, seed=3)
+    expected = [plain.next() for _ in range(5)]
+    sampler = make_sampler(kind, data, 4, BLOCK, seed=3)
+    assert sampler.next() == expected[0]
+    assert sampler.ahead() == expected[1] and sampler.ahead() == expected[1]  # one ahead at most
+    saved = sampler.state_dict()  # a checkpoint between the steps: the draw ahead is not in it
+    assert [sampler.next() for _ in range(4)] == expected[1:]
+    restored = make_sampler(kind, data, 4, BLOCK, seed=99)
+    restored.ahead()  # a pending draw of its own is dropped by the load
+    restored.load_state_dict(saved)
+    assert [restored.next() for _ in range(4)] == expected[1:]
 
 
 def test_a_checkpoint_of_the_other_sampling_is_refused(data):

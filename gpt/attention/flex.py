@@ -2,9 +2,9 @@
 
 create_block_mask evaluates the mask_mod once per (query block, key block) to find blocks that are
 fully masked (skipped), full (no mask needed) or partial; the kernel then visits only live blocks.
-A sliding window therefore costs O(T * window), not O(T^2). On CUDA the kernel is torch.compile'd;
-on CPU we run it eagerly (compiling takes tens of seconds there) and torch has no CPU backward, so
-attention=flex samples on a CPU but trains only on a GPU.
+A sliding window therefore costs O(T * window), not O(T^2). On CUDA the kernel is torch.compile'd (one
+compiled function for every kind of call: compiled_flex); on CPU we run it eagerly (compiling takes tens of
+seconds there) and torch has no CPU backward, so attention=flex samples on a CPU but trains only on a GPU.
 """
 
 from __future__ import annotations
@@ -79,9 +79,36 @@ def _rule_block_mask(t_q: int, t_k: int, causal: bool, window: int | None, devic
     return create_block_mask(and_masks(*mods), None, None, t_q, t_k, device=device)
 
 
+COMPILED_ON = ("cuda",)  # device types where flex runs torch.compile'd (on a CPU compiling costs tens of seconds)
+COMPILER = "inductor"  # torch.compile's backend for it (tests use "eager": the same guards, no code generation)
+
+
+def flex_full(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float | None,
+              enable_gqa: bool) -> Tensor:
+    """flex_attention for whole sequences (training, evaluation, prefill): compiled on its own (compiled_flex)."""
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def flex_cached(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float | None,
+                enable_gqa: bool) -> Tensor:
+    """flex_attention for queries against a longer KV cache (decode steps): compiled on its own, shapes dynamic."""
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
 @functools.cache
-def _compiled_flex():
-    return torch.compile(flex_attention)  # shapes that vary (sampling) become dynamic after one recompile
+def compiled_flex(compiler: str, cached: bool):
+    """The compiled flex_attention for whole sequences, or (``cached``) for decode steps against a KV cache.
+
+    Calls are shaped so that each compiles a handful of variants, never one per step (issue 30: past torch's
+    recompile limit of 8 flex falls back to the unfused path): a call that needs no gradient runs under no_grad
+    whatever the caller's grad mode, so evaluation and training alternate between two compiled variants; decode
+    steps, whose key length grows every call, have a function (a code object, so a recompile budget) of their own,
+    compiled with dynamic shapes from the start; a decode step without padding takes no block mask (a window is a
+    slice of its keys). Whole sequences keep static shapes (the training kernel) until a second shape comes.
+    """
+    if cached:
+        return torch.compile(flex_cached, backend=compiler, dynamic=True)
+    return torch.compile(flex_full, backend=compiler)
 
 
 # What flex lacks is declared here (start-up checks read it); the kernel itself still refuses those calls,
@@ -105,17 +132,23 @@ def flex(
     if dropout_p > 0.0:
         raise ValueError(f"{lacks('flex', 'dropout')}: use model.dropout=0 or another kernel")
     check_window(window, causal)
-    if not torch.is_grad_enabled():  # torch refuses CPU inputs that merely require grad, even under no_grad
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if not needs_grad:  # torch refuses CPU inputs that merely require grad, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
-    elif q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
+    elif q.device.type == "cpu":
         raise RuntimeError(
             f"{no_backward('flex', 'cpu')}: run it under torch.no_grad() to sample, train it on a CUDA GPU, "
             "or pick another kernel (e.g. attention=sdpa) to train on CPU"
         )
-    rules = block_mask(q.size(0), q.size(1), q.size(-2), k.size(-2), causal, window, mask, q.device)
+    if causal and mask is None and q.size(-2) == 1:  # a decode step sees every key, or a window's last keys
+        k, v = (k, v) if window is None else (k[..., -window:, :], v[..., -window:, :])
+        rules = None
+    else:
+        rules = block_mask(q.size(0), q.size(1), q.size(-2), k.size(-2), causal, window, mask, q.device)
     gqa = q.size(1) != k.size(1)
-    if q.device.type == "cuda":
-        return _compiled_flex()(q, k, v, block_mask=rules, scale=scale, enable_gqa=gqa)
+    if q.device.type in COMPILED_ON:
+        with torch.set_grad_enabled(needs_grad):  # one grad mode per kind of call, whatever the caller's
+            return compiled_flex(COMPILER, q.size(-2) == 1)(q, k, v, rules, scale, gqa)
     with warnings.catch_warnings():  # eager is what we want off-GPU; skip torch's "use torch.compile" advice
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
         return flex_attention(q, k, v, block_mask=rules, scale=scale, enable_gqa=gqa)

@@ -13,9 +13,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from gpt.attention import scores as score_variants
+from gpt.attention.backends import SDPA_BACKENDS, choose
 from gpt.attention.masks import combine, expand_kv, kv_group
 from gpt.attention.registry import CONTRACT, OPTIONS, register
 from gpt.errors import UserError
@@ -127,14 +128,6 @@ def heads(
     return torch.stack(outputs, dim=1)
 
 
-SDPA_BACKENDS = {
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "math": SDPBackend.MATH,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-}
-
-
 @register("sdpa", backends=tuple(SDPA_BACKENDS), options=(*CONTRACT, "bias"))
 def sdpa(
     q: Tensor,
@@ -151,31 +144,37 @@ def sdpa(
 ) -> Tensor:
     """torch's fused scaled_dot_product_attention: flash / memory-efficient / math kernels, chosen or pinned.
 
-    ``backend`` pins one of SDPA_BACKENDS (torch.nn.attention.sdpa_kernel); if it cannot run these
-    inputs on this device, a UserError says why instead of torch's "no available kernel".
-    A bias (ALiBi) goes in as a float attn_mask, -inf where not allowed.
+    ``backend`` pins one of SDPA_BACKENDS; gpt.attention.backends.choose says which backends each call may use
+    (a cached decode step on CUDA avoids cuDNN). In eager mode the choice is applied here; inside a compiled
+    graph nothing is entered (a context there splits the graph): the caller's backends.Pin holds at trace time.
+    If a pinned backend cannot run these inputs on this device, a UserError says why instead of torch's
+    "no available kernel". A bias (ALiBi) goes in as a float attn_mask, -inf where not allowed.
     """
-    if backend is None:
+    allowed = choose(backend, q.device.type, q.dtype, q.size(-2), k.size(-2))
+    if allowed is None or torch.compiler.is_compiling():
         return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
-    if backend not in SDPA_BACKENDS:
-        raise ValueError(f"unknown sdpa backend {backend!r}; valid: {', '.join(SDPA_BACKENDS)}")
-    # torch states why it refuses a backend as warnings, then fails; keep them for our message.
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:  # torch states why it refuses a backend as warnings
         warnings.simplefilter("always")
         try:
-            with sdpa_kernel(SDPA_BACKENDS[backend]):
+            with sdpa_kernel(list(allowed)):
                 return _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias)
         except RuntimeError as err:
-            reasons = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
-            reasons = [r for r in reasons if r and not r.endswith("because:")]
-            if not reasons and q.device.type != "cuda":
-                reasons = [f"torch has no {backend} kernel on {q.device.type}"]
-            raise UserError(
-                f"attention.backend={backend} cannot run here "
-                f"({q.device.type}, {str(q.dtype).removeprefix('torch.')}): "
-                + ("; ".join(reasons) or str(err).splitlines()[0]),
-                hint="leave attention.backend unset to let torch choose, or use attention.backend=math",
-            ) from None
+            if backend is None:
+                raise
+            raise _refusal(backend, err, q, caught) from None
+
+
+def _refusal(backend: str, err: RuntimeError, q: Tensor, caught: list[warnings.WarningMessage]) -> UserError:
+    """Why a pinned backend cannot run these inputs, from the warnings torch gave before failing."""
+    reasons = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
+    reasons = [r for r in reasons if r and not r.endswith("because:")]
+    if not reasons and q.device.type != "cuda":
+        reasons = [f"torch has no {backend} kernel on {q.device.type}"]
+    return UserError(
+        f"attention.backend={backend} cannot run here ({q.device.type}, {str(q.dtype).removeprefix('torch.')}): "
+        + ("; ".join(reasons) or str(err).splitlines()[0]),
+        hint="leave attention.backend unset to let torch choose, or use attention.backend=math",
+    )
 
 
 def _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias) -> Tensor:

@@ -20,10 +20,11 @@ from gpt import attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
 from gpt.config import AttentionConfig, GPTConfig, ModelConfig
-from gpt.device import PRECISIONS, DeviceConfig, autocast, configure_matmul, resolve_device, resolve_precision
+from gpt.device import PRECISIONS, DeviceConfig, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import ConfigError, check_positive
 from gpt.model import GPT
 from gpt.train import metrics
+from gpt.train.build import forward_context
 from gpt.train.config import TrainConfig
 from gpt.train.optim import make_optimizer
 from gpt.train.parallelize import apply_activation_checkpointing
@@ -99,7 +100,7 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
     forward = torch.compile(gpt) if compile else gpt
     tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), device=dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    ctx = autocast(dev, precision)
+    ctx = forward_context(config, dev, precision)  # as training runs its forward: autocast, SDPA backends
     losses = []
 
     def step() -> None:

@@ -95,6 +95,39 @@ class EpochSampler:
         self.seed, self.position, self._order = int(state["seed"]), int(state["position"]), None
 
 
+class Lookahead:
+    """A sampler that can draw one micro-batch ahead (``ahead``), so the training loop reads the next windows while
+    the device still computes; the next ``next()`` hands that draw out. Its state is the wrapped sampler's before a
+    draw not yet handed out, so a checkpoint taken with one pending resumes exactly where the run stood."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.pending: tuple[dict[str, Any], list[int]] | None = None  # (state before the draw, its starts)
+
+    @property
+    def kind(self) -> str:
+        return self.sampler.kind
+
+    def next(self) -> list[int]:
+        if self.pending is None:
+            return self.sampler.next()
+        starts, self.pending = self.pending[1], None
+        return starts
+
+    def ahead(self) -> list[int]:
+        """Draw the next micro-batch's starts now (the following next() returns them); at most one ahead."""
+        if self.pending is None:
+            self.pending = (self.sampler.state_dict(), self.sampler.next())
+        return self.pending[1]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.pending[0] if self.pending is not None else self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = None
+        self.sampler.load_state_dict(state)
+
+
 SAMPLERS = {"random": RandomSampler, "epoch": EpochSampler}
 
 
@@ -105,6 +138,6 @@ def check_kind(saved: str, mine: str) -> None:
 
 
 def make_sampler(kind: str, data: TokenData, batch_size: int, block_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1) -> Sampler:
-    """The training sampler for data.sampling=``kind``, seeded like the run."""
-    return SAMPLERS[kind](data, batch_size, block_size, seed, rank, world_size)
+                 world_size: int = 1) -> Lookahead:
+    """The training sampler for data.sampling=``kind``, seeded like the run, able to draw one batch ahead."""
+    return Lookahead(SAMPLERS[kind](data, batch_size, block_size, seed, rank, world_size))

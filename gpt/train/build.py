@@ -7,6 +7,7 @@ import random
 import shutil
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,12 @@ import torch
 from torch import nn
 
 from gpt import memory, pretrained
+from gpt.attention.backends import pin_for
 from gpt.config import GPTConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.data.sampler import make_sampler
+from gpt.device import DTYPES, autocast
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.train import distributed, parallelize
@@ -145,3 +148,27 @@ def data_parallel(model: nn.Module, device: torch.device, ranks: Ranks) -> nn.Mo
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)
+
+
+class Contexts:
+    """Several reusable context managers entered in order as one (and left in reverse)."""
+
+    def __init__(self, *contexts: AbstractContextManager) -> None:
+        self.contexts = contexts
+
+    def __enter__(self) -> Contexts:
+        for context in self.contexts:
+            context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for context in reversed(self.contexts):
+            context.__exit__(*exc)
+
+
+def forward_context(config: GPTConfig, device: torch.device, precision: str) -> Contexts:
+    """What every full-sequence forward of the (maybe compiled) model runs under, in training, evaluation and the
+    training benchmark: autocast for the precision, and attention=sdpa's backends (the pinned one, if any) set
+    outside the compiled graph, where torch reads them when it traces (gpt.attention.backends)."""
+    dtype = DTYPES.get(precision, torch.float32)
+    return Contexts(autocast(device, precision), pin_for(config.attention, config.attention_backend, device, dtype))

@@ -46,6 +46,16 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def env_world_size() -> int:
+    """How many processes torchrun started (1 when not launched by torchrun): the one reader of WORLD_SIZE."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_local_world_size() -> int:
+    """How many of them run on this node (torchrun's LOCAL_WORLD_SIZE; the whole world when it is not set)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", env_world_size()))
+
+
 def hydra_overrides_for_rank() -> list[str]:
     """Extra Hydra overrides for ranks > 0, so that they create no run directory, config copy or log file.
 
@@ -59,7 +69,7 @@ def hydra_overrides_for_rank() -> list[str]:
 
 def setup(device: torch.device) -> tuple[Ranks, torch.device]:
     """Join the process group when launched by torchrun: NCCL on CUDA (one GPU per local rank), gloo on CPU."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = env_world_size()
     if world_size == 1:
         return Ranks(), device
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

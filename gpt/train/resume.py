@@ -15,6 +15,7 @@ from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.files import load_archive
+from gpt.train.distributed import env_local_world_size, env_world_size
 
 RUN_FILES = (checkpoint.LATEST, checkpoint.BEST, "summary.json", "train.log")  # the files a run writes
 TRAINING_ENTRIES = ("optimizer", "rng", "data", "step")  # without them a checkpoint can be sampled, not resumed
@@ -140,9 +141,9 @@ def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
 def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
     """The command line that continues this run: same overrides, out_dir pinned, resume=true."""
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("out_dir", "resume")]
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_world_size()
     if world > 1:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        local = env_local_world_size()
         nodes = world // max(local, 1)
         launch = f"torchrun --nproc_per_node={local}"
         if nodes > 1:

@@ -83,42 +83,50 @@ class StepResult:
 
 
 class Trainer:
-    """Owns a run's parts (data, training state, checkpointer, records) and steps them to max_iters."""
+    """Owns a run's parts (data, training state, checkpointer, records) and steps them to max_iters.
+
+    Its settings, one name each: ``run`` the whole RunConfig, ``train_config`` its TrainConfig (``run.train``),
+    ``model_config`` the model's GPTConfig, ``run_record`` the RunConfig as plain data (config.yaml, checkpoints).
+    """
 
     def __init__(self, run: RunConfig, run_dir: Path, ranks: Ranks, device: torch.device, precision: str,
                  lock: checkpoint.FolderLock, log: Callable[[str], None]) -> None:
-        self.run, self.cfg, self.run_dir, self.ranks = run, run.train, run_dir, ranks
-        self.device, self.precision, self.autocast = device, precision, autocast(device, precision)
+        self.run, self.train_config, self.run_dir, self.ranks = run, run.train, run_dir, ranks
+        self.device, self.precision, self.autocast = device, precision, autocast(device, precision)  # for sampling
         self.started = time.time()
         self.records = RunRecords(run_dir, log, enabled=ranks.is_main)
-        self.run_config = asdict(run)
+        self.run_record = asdict(run)
         self.data = build.load_data(run, ranks, log)
-        self.config, init_weights = build.model_config(run, self.data, log)
-        self.data.check_block_size(self.config.block_size)
-        parallelize.check_fsdp(self.cfg, precision, ranks)
-        build.check_fits(self.config, self.cfg, precision, device, ranks)  # before anything is allocated or written
+        self.model_config, init_weights = build.model_config(run, self.data, log)
+        self.data.check_block_size(self.model_config.block_size)
+        parallelize.check_fsdp(self.train_config, precision, ranks)
+        build.check_fits(self.model_config, self.train_config, precision, device, ranks)  # before any allocation
+        self.forward_context = build.forward_context(self.model_config, device, precision)  # autocast, SDPA backends
         configure_matmul(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         tokenizer = self.data.tokenizer.to_meta()
         resume_from = self._on_main(
-            lambda: open_run_dir(run_dir, run.resume, self.config, tokenizer, self.run_config, lock, log))
+            lambda: open_run_dir(run_dir, run.resume, self.model_config, tokenizer, self.run_record, lock, log))
         self.resumed = resume_from is not None
         self.out_of_time = False  # train.max_seconds passed (agreed by all ranks at the last step)
-        self.state = build.initial_state(self.config, run, self.data, precision, device, ranks)
+        self.state = build.initial_state(self.model_config, run, self.data, precision, device, ranks)
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
             log(f"resumed from {resume_from.get('sharded') or run_dir / checkpoint.LATEST} at step {self.state.step}")
         elif init_weights is not None:
             parallelize.load_model_state(self.state.model, init_weights)
         del resume_from, init_weights
-        self.model = build.maybe_compile(self.state.model, self.cfg.compile, device, log)  # evaluation: no DDP
+        self.model = build.maybe_compile(self.state.model, self.train_config.compile, device, log)  # evaluation: no DDP
         self.train_model = build.data_parallel(self.model, device, ranks)
         self.compiled_first_step = self.model is not self.state.model
-        self.checkpointer = Checkpointer(run_dir, ranks, self.config, tokenizer, self.run_config)
-        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * ranks.world_size * self.config.block_size
+        self.checkpointer = Checkpointer(run_dir, ranks, self.model_config, tokenizer, self.run_record)
+        self.tokens_per_step = (self.train_config.batch_size * self.train_config.grad_accum * ranks.world_size
+                                * self.model_config.block_size)
         self.throughput = metrics.Throughput(self.tokens_per_step)
         self.n_params = self.state.model.num_params()
+        self.params = list(self.state.model.parameters())  # clipped every step: listed once
+        self.ahead: tuple[list[int], tuple[torch.Tensor, torch.Tensor]] | None = None  # next micro-batch, read early
         self.peak_flops = metrics.peak_flops(device, precision)
 
     def _on_main(self, fn: Callable[[], Any]) -> Any:
@@ -127,7 +135,7 @@ class Trainer:
 
     def train(self, overrides: list[str], script: str) -> Summary:
         """Evaluate when due and step until max_iters or a stop signal; then the summary and a sample."""
-        self.records.open(self.run_config, overrides, self.resumed, self.state.step, self.cfg.max_iters)
+        self.records.open(self.run_record, overrides, self.resumed, self.state.step, self.train_config.max_iters)
         self.records.log(self.describe())
         interrupted_by = None
         try:
@@ -135,7 +143,7 @@ class Trainer:
                 while True:
                     if self.evaluation_due():
                         self.evaluate()
-                    if self.state.step >= self.cfg.max_iters or self.out_of_time:
+                    if self.state.step >= self.train_config.max_iters or self.out_of_time:
                         break
                     result = self.train_step(signals)
                     self.report(result)
@@ -150,28 +158,30 @@ class Trainer:
         return self.finish(interrupted_by, overrides, resume_command(overrides, self.run_dir, script))
 
     def describe(self) -> str:
-        c, cfg, world = self.config, self.cfg, self.ranks.world_size
+        c, train, world = self.model_config, self.train_config, self.ranks.world_size
         fused = ", fused AdamW" if self.state.optimizer.defaults.get("fused") else ""
-        fused += (", FSDP" if cfg.fsdp else "") + (", activation checkpointing" if cfg.activation_checkpointing else "")
+        fused += (", FSDP" if train.fsdp else "") + (", activation checkpointing" if train.activation_checkpointing
+                                                     else "")
         return (
             f"model: {self.n_params / 1e6:.2f}M parameters ({c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
             f"context {c.block_size}, attention={c.attention}); "
             f"device {self.device} x {world} ({self.precision}{fused})\n"
-            f"batch: {cfg.batch_size} sequences x {cfg.grad_accum} micro-steps x {world} process(es) "
+            f"batch: {train.batch_size} sequences x {train.grad_accum} micro-steps x {world} process(es) "
             f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step"
         )
 
     def evaluation_due(self) -> bool:
         step = self.state.step
-        due = step % self.cfg.eval_interval == 0 or step == self.cfg.max_iters or self.out_of_time
+        due = step % self.train_config.eval_interval == 0 or step == self.train_config.max_iters or self.out_of_time
         return due and not self.state.evaluated
 
     def evaluate(self) -> None:
         """Both splits' losses; TensorBoard samples; a checkpoint (best.pt too when val improved)."""
         state, step = self.state, self.state.step
-        losses = estimate_loss(self.model, self.data, batches=self.cfg.eval_iters, batch_size=self.cfg.batch_size,
-                               block_size=self.config.block_size, seed=self.run.seed, device=self.device,
-                               autocast=self.autocast, ranks=self.ranks)
+        train = self.train_config
+        losses = estimate_loss(self.model, self.data, batches=train.eval_iters, batch_size=train.batch_size,
+                               block_size=self.model_config.block_size, seed=self.run.seed, device=self.device,
+                               autocast=self.forward_context, ranks=self.ranks)
         if not all(math.isfinite(v) for v in losses.values()):
             raise AbortRun(f"non-finite evaluation loss at step {step} (train {losses['train']}, val {losses['val']}); "
                            f"stopped without saving: {self.checkpointer.latest} holds the last good state",
@@ -181,10 +191,9 @@ class Trainer:
         val = val_metrics(losses["val"], self.data.meta["splits"]["val"])
         self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
                                     "val/ppl": val["ppl"], "val/bpb": val["bpb"]})
-        if not self.cfg.fsdp:  # samples run on rank 0 alone; a sharded model needs every rank
+        if not train.fsdp:  # samples run on rank 0 alone; a sharded model needs every rank
             self.records.pictures(lambda writer: visuals.log_samples(
-                writer, state.model, self.data, self.cfg.sample_tokens, self.run.seed, self.device, self.autocast,
-                step))
+                writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step))
         self.checkpointer.save(state, best=improved)
         bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
@@ -194,14 +203,14 @@ class Trainer:
     def train_step(self, signals: SignalGuard) -> StepResult:
         """One optimizer step: grad_accum micro-steps, clipping, one agreement of all ranks, the update."""
         started, state = time.time(), self.state
-        lr = learning_rate(state.step, self.cfg)
+        lr = learning_rate(state.step, self.train_config)
         for group in state.optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=self.device)
-        for micro in range(self.cfg.grad_accum):
-            loss_sum += self.forward_backward(last=micro == self.cfg.grad_accum - 1)
+        for micro in range(self.train_config.grad_accum):
+            loss_sum += self.forward_backward(last=micro == self.train_config.grad_accum - 1)
         state.scaler.unscale_(state.optimizer)
-        grad_norm = parallelize.clip_grad_norm_(list(state.model.parameters()), self.cfg.grad_clip or math.inf)
+        grad_norm = parallelize.clip_grad_norm_(self.params, self.train_config.grad_clip or math.inf)
         result, nonfinite = self.agree(loss_sum, grad_norm, signals.received is not None, self.time_is_up(), lr)
         if nonfinite:
             self.skip_update(result)
@@ -219,7 +228,7 @@ class Trainer:
         x, y = self.next_batch()
         with parallelize.gradient_sync(self.train_model, last):
             try:
-                with self.autocast:
+                with self.forward_context:
                     _, loss = self.train_model(x, y)
             except Exception as err:  # a compiler failure on first use: say so once, go eager
                 if not self.compiled_first_step:
@@ -228,32 +237,49 @@ class Trainer:
                                  "running eager")
                 self.model = self.state.model
                 self.train_model = build.data_parallel(self.model, self.device, self.ranks)
-                with self.autocast:
+                with self.forward_context:
                     _, loss = self.train_model(x, y)
             self.compiled_first_step = False
-            self.state.scaler.scale(loss / self.cfg.grad_accum).backward()
+            self.state.scaler.scale(loss / self.train_config.grad_accum).backward()
+        self.read_ahead()  # the device is still busy with this micro-step: read the next one meanwhile
         return loss.detach().float()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's windows of the next micro-batch, as the sampler hands them out (disjoint across ranks)."""
-        return self.data.windows("train", self.state.sampler.next(), self.config.block_size, self.device)
+        starts = self.state.sampler.next()
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] is starts:
+            return ahead[1]
+        return self.data.windows("train", starts, self.model_config.block_size, self.device)
+
+    def read_ahead(self) -> None:
+        """Draw and read the next micro-batch now, its copy to a GPU started (pinned memory, non-blocking): the
+        host work of a batch overlaps the device's, instead of leaving the GPU idle after the step's one sync. The
+        sampler's saved state stays the one before this draw (gpt.data.sampler.Lookahead), so checkpoints do not
+        change."""
+        if self.ahead is None:
+            starts = self.state.sampler.ahead()
+            self.ahead = (starts, self.data.windows("train", starts, self.model_config.block_size, self.device))
 
     def time_is_up(self) -> bool:
         """Whether train.max_seconds (counted from this launch's start) has passed."""
-        return self.cfg.max_seconds is not None and time.time() - self.started >= self.cfg.max_seconds
+        return self.train_config.max_seconds is not None and time.time() - self.started >= self.train_config.max_seconds
 
     def agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, signal_received: bool, time_up: bool,
               lr: float) -> tuple[StepResult, bool]:
-        """One all-reduce (and one host sync) per step: mean loss, any non-finite value, any stop signal, the
-        time budget (any rank's clock)."""
+        """One host sync per step (with several ranks, one all-reduce): mean loss, any non-finite value, any stop
+        signal, the time budget (any rank's clock). A single process keeps its own flags on the host: no copy to the
+        device (a blocking copy waits for the device to finish first)."""
         nonfinite = ~torch.isfinite(loss_sum)
         if self.precision != "fp16":  # with fp16 the GradScaler skips overflowing gradients itself
             nonfinite |= ~torch.isfinite(grad_norm)
-        stats = torch.cat([(loss_sum / self.cfg.grad_accum).reshape(1), nonfinite.float().reshape(1),
-                           torch.tensor([float(signal_received), float(time_up)], device=self.device)])
-        distributed.all_reduce_sum(stats, self.ranks)
-        loss, nonfinite_count, signal_count, time_count, norm = torch.cat(
-            [stats, grad_norm.reshape(1).float()]).tolist()
+        flags = [float(signal_received), float(time_up)]
+        stats = torch.cat([(loss_sum / self.train_config.grad_accum).reshape(1), nonfinite.float().reshape(1)])
+        if self.ranks.enabled:  # every rank's flags join the sum
+            stats = torch.cat([stats, torch.tensor(flags).to(self.device, non_blocking=True)])
+            distributed.all_reduce_sum(stats, self.ranks)
+        loss, nonfinite_count, *counts, norm = torch.cat([stats, grad_norm.reshape(1).float()]).tolist()
+        signal_count, time_count = counts if self.ranks.enabled else flags
         return (StepResult(loss / self.ranks.world_size, norm, lr, signal_count > 0, time_count > 0),
                 nonfinite_count > 0)
 
@@ -263,7 +289,7 @@ class Trainer:
         what = f"loss {result.loss}" if not math.isfinite(result.loss) else f"gradient norm {result.grad_norm}"
         state.optimizer.zero_grad(set_to_none=True)
         state.scaler.update()
-        if state.skipped >= self.cfg.skip_nonfinite:
+        if state.skipped >= self.train_config.skip_nonfinite:
             raise AbortRun(
                 f"non-finite {what} at step {state.step + 1}; stopped without saving it: "
                 f"{self.checkpointer.latest} holds the last good state"
@@ -273,19 +299,19 @@ class Trainer:
             )
         state.skipped += 1
         self.records.say(f"step {state.step + 1}: non-finite {what}, update skipped "
-                         f"({state.skipped} of train.skip_nonfinite={self.cfg.skip_nonfinite})")
+                         f"({state.skipped} of train.skip_nonfinite={self.train_config.skip_nonfinite})")
 
     def report(self, result: StepResult) -> None:
         """Every log_interval steps (and the last): TensorBoard scalars and a line or the progress bar's figures."""
-        step, cfg = self.state.step, self.cfg
-        if step % cfg.log_interval == 0 or step == cfg.max_iters:
+        step, train = self.state.step, self.train_config
+        if step % train.log_interval == 0 or step == train.max_iters:
             tok_s = self.throughput.window_rate()
-            mfu = metrics.mfu(tok_s / self.ranks.world_size, self.config, self.n_params, self.peak_flops)
+            mfu = metrics.mfu(tok_s / self.ranks.world_size, self.model_config, self.n_params, self.peak_flops)
             self.records.scalars(step, {"train/loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                                         "tokens_per_sec": tok_s, "mfu": mfu})
-            eta = _duration(self.throughput.eta_seconds(cfg.max_iters - step))
+            eta = _duration(self.throughput.eta_seconds(train.max_iters - step))
             self.records.progress(
-                f"step {step}/{cfg.max_iters}: loss {result.loss:.4f}, lr {result.lr:.2e}, grad norm "
+                f"step {step}/{train.max_iters}: loss {result.loss:.4f}, lr {result.lr:.2e}, grad norm "
                 f"{result.grad_norm:.3f}, {tok_s:,.0f} tok/s" + (f", mfu {mfu:.1%}" if mfu is not None else "")
                 + f", eta {eta}", loss=f"{result.loss:.3f}", tok_s=f"{tok_s:,.0f}")
         self.records.advance()
@@ -301,19 +327,20 @@ class Trainer:
             ckpt=self.checkpointer.latest, interrupted=interrupted_by is not None, resume_command=resume,
             **self.final_val_metrics(),
         )
-        self.records.close(summary, {"overrides": overrides, "attention": self.config.attention,
+        self.records.close(summary, {"overrides": overrides, "attention": self.model_config.attention,
                                      "device": str(self.device), "precision": self.precision,
                                      "world_size": self.ranks.world_size})
         if self.out_of_time:
-            self.records.log(f"train.max_seconds={self.cfg.max_seconds:g} reached after step {state.step} "
-                             f"of {self.cfg.max_iters}")
+            self.records.log(f"train.max_seconds={self.train_config.max_seconds:g} reached after step {state.step} "
+                             f"of {self.train_config.max_iters}")
         if interrupted_by is not None:
             self.records.log(f"stopped by {interrupted_by} after step {state.step}; checkpoint saved: {summary.ckpt}\n"
                              f"resume with: {resume}")
             return summary
-        if self.ranks.is_main and self.cfg.sample_tokens > 0 and not self.cfg.fsdp:  # FSDP: every rank or none
+        train = self.train_config
+        if self.ranks.is_main and train.sample_tokens > 0 and not train.fsdp:  # FSDP: every rank or none
             state.model.eval()
-            text = visuals.sample_text(state.model, self.data, "", self.cfg.sample_tokens, self.run.seed, self.device,
+            text = visuals.sample_text(state.model, self.data, "", train.sample_tokens, self.run.seed, self.device,
                                        self.autocast)
             self.records.log("sample:\n" + text + "\n" + "-" * 40)
         self.records.log(
