@@ -90,8 +90,10 @@ def model_config_from(values: Any, source: str | Path) -> GPTConfig:
                               DAMAGED, prefix="model_config.")
     try:
         config = GPTConfig.from_dict(values)
-    except ConfigError as err:
-        raise UserError(f"{source}: {err}", hint=DAMAGED) from None
+    except ConfigError as err:  # a design this process has not loaded keeps its hint: how to bring it
+        from gpt.designs.registry import DesignUnavailable
+
+        raise UserError(f"{source}: {err}", hint=err.hint if isinstance(err, DesignUnavailable) else DAMAGED) from None
     if config.block_size > MAX_BLOCK_SIZE:
         raise UserError(f"{source}: model_config.block_size {config.block_size:,} is more than the "
                         f"{MAX_BLOCK_SIZE:,} positions a model read from a file may have", hint=DAMAGED)

@@ -63,7 +63,6 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
             from gpt.files import sigterm_interrupts
             from gpt.schema import composition_error, register, typed
 
-            register(schema)
             asked = os.environ.get("HYDRA_FULL_ERROR")
 
             def task(cfg: Any) -> Any:
@@ -76,6 +75,7 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
             if argv is not None:
                 sys.argv = [sys.argv[0], *argv]
             try:
+                register(schema)  # also respells the command line's renamed keys (gpt.schema.RENAMED)
                 hydra.main(config_path=str(CONFIGS), config_name=config_name or schema, version_base=None)(task)()
             except Exception as err:
                 problem = composition_error(err)

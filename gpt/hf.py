@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gpt.checkpoint import MAX_BLOCK_SIZE
 from gpt.config import GPTConfig
+from gpt.designs import registry as designs
 from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write_all
 from gpt.tokenizer import GPT2_ENCODING
@@ -60,25 +61,19 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
 # --- export: this project's model -> GPT-2's layout -------------------------------------------------------------
 
 def check_representable(config: GPTConfig) -> None:
-    """Refuse, naming the option, a model GPT-2's architecture cannot hold (format=native can)."""
-    options = {
-        "pos_embedding": (config.pos_embedding != "learned",
-                          f"{config.pos_embedding} positions (GPT-2 has a learned position table)"),
-        "n_kv_head": (config.n_kv_head != config.n_head,
-                      "grouped-query attention (GPT-2 has one key/value head per head)"),
-        "window": (config.window is not None, "a sliding attention window (GPT-2 attends to every earlier token)"),
-        "qk_norm": (config.qk_norm, "normalised queries and keys (QK-norm)"),
-        "attn_softcap": (config.attn_softcap is not None, "soft-capped attention scores"),
-        "attn_sink": (config.attn_sink, "a sink logit per attention head"),
-        "diff_attn": (config.diff_attn, "differential attention (two softmax maps per head, one subtracted)"),
-        "linear_attn": (config.linear_attn is not None, "causal linear attention (a feature map, no softmax)"),
-        "mla_latent": (config.mla_latent is not None,
-                       "multi-head latent attention (keys and values up-projected from a shared latent)"),
+    """Refuse, naming the setting, a model GPT-2's architecture cannot hold (format=native can): fewer key/value
+    heads, a window, or an attention design whose Design.exports leaves out "hf"."""
+    core = {
+        f"model.n_kv_head={config.n_kv_head}": (config.n_kv_head != config.n_head,
+                                                "grouped-query attention (GPT-2 has one key/value head per head)"),
+        f"model.window={config.window}": (config.window is not None,
+                                          "a sliding attention window (GPT-2 attends to every earlier token)"),
     }
-    for name, (unrepresentable, what) in options.items():
-        if unrepresentable:
-            raise UserError(f"model.{name}={getattr(config, name)} cannot be exported in the Hugging Face GPT-2 "
-                            f"layout: it means {what}", hint="pass format=native for this project's own layout")
+    refused = [(setting, what) for setting, (on, what) in core.items() if on]
+    refused += [(d.setting(config), d.about) for d in designs.active(config) if "hf" not in d.exports]
+    for setting, what in refused:
+        raise UserError(f"{setting} cannot be exported in the Hugging Face GPT-2 layout: it means {what}",
+                        hint="pass format=native for this project's own layout")
 
 
 def to_hf_state(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:

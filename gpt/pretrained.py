@@ -16,7 +16,8 @@ from torch import Tensor
 from gpt import checkpoint, hf
 from gpt import tokenizer as tok
 from gpt.config import GPTConfig
-from gpt.errors import UserError
+from gpt.designs.registry import DesignUnavailable
+from gpt.errors import ConfigError, UserError
 from gpt.hf import CONV1D_SUFFIXES, GPT2_TOKENIZER  # noqa: F401  (re-exported: the names callers know)
 from gpt.model import GPT
 from gpt.validate import Record
@@ -179,7 +180,12 @@ def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTCon
         if value is not None and not value.strip():  # "" would name the current folder
             raise UserError(f"{name} is empty", hint=f"give {name}=<a run folder, checkpoint, export or gpt2*>")
     read = next(reader for _, matches, reader in SOURCES if matches(ckpt))
-    config, state, tokenizer = read(ckpt, init_path)
+    try:
+        config, state, tokenizer = read(ckpt, init_path)
+    except ConfigError as err:  # a model config value the dataclass refuses: say which file holds it
+        damaged = "the file is damaged or was not written by this framework"
+        raise UserError(f"{init_path or ckpt}: {err}",
+                        hint=err.hint if isinstance(err, DesignUnavailable) else damaged) from None
     checkpoint.check_model_state(config, state, init_path or ckpt)
     problem = tok.description_problem(tokenizer)
     if problem is None and tokenizer["vocab_size"] > config.vocab_size:

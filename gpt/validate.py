@@ -118,19 +118,22 @@ def replace_surrogates(text: str) -> tuple[str, bool]:
         return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text), True
 
 
-def parse_yaml_scalar(text: str, where: str) -> Any:
-    """A value typed on the command line in YAML (``true``, ``16``, ``1e-3``, ``null``, ``elu1``): a scalar only."""
+def parse_yaml_value(text: str, where: str) -> Any:
+    """A value typed on the command line in YAML (``true``, ``16``, ``1e-3``, ``null``, ``elu1``, ``[a, b]``,
+    ``{k: 1}``): a scalar, or a flat list or mapping of scalars (model.designs, model.design_options)."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:
         problem = str(getattr(err, "problem", None) or err).splitlines()[0]
         raise UserError(f"{where}: {text!r} is not a valid value ({problem})",
-                        hint="give a number, true/false, null or a name") from None
-    if value is not None and not isinstance(value, (bool, int, float, str)):
-        raise UserError(f"{where}: {text!r} is a {type(value).__name__}, not a single value",
-                        hint="give a number, true/false, null or a name")
-    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
-        raise UserError(f"{where}: {text!r} is beyond the range of a 64-bit integer")
+                        hint="give a number, true/false, null, a name or a flat [list]") from None
+    items = list(value) + list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+    for item in [value] if not isinstance(value, (list, dict)) else items:
+        if item is not None and not isinstance(item, (bool, int, float, str)):
+            raise UserError(f"{where}: {text!r} holds a {type(item).__name__}, not a single value",
+                            hint="give a number, true/false, null, a name or a flat [list]")
+        if isinstance(item, int) and not INT64[0] <= item <= INT64[1]:
+            raise UserError(f"{where}: {text!r} is beyond the range of a 64-bit integer")
     return value
 
 
