@@ -4,7 +4,7 @@ A checkpoint is a torch archive of tensors and plain Python values (``torch.load
 reads it), or with train.fsdp=true a sharded folder (gpt.sharded_checkpoint) read back as the same payload.
 Its model entries are ``model`` (state dict), ``model_config`` (GPTConfig as a dict) and ``tokenizer``
 (the tokenizer's description); a training checkpoint adds the training state (see gpt.train.state).
-Writes go through gpt.files.atomic_write (re-exported here), so no file is ever torn.
+Writes go through gpt.files.atomic_write, so no file is ever torn.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import torch
 
 from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
-from gpt.errors import UserError
-from gpt.files import atomic_write as atomic_write  # re-exported: callers write through gpt.checkpoint
-from gpt.files import load_archive as load_archive
+from gpt.errors import ConfigError, UserError
+from gpt.files import atomic_write, load_archive
 
 LATEST = "ckpt.pt"  # the latest training state, rewritten at every evaluation and at the end
 BEST = "best.pt"  # the model with the best validation loss so far
@@ -78,25 +77,58 @@ def model_entries(state: dict[str, torch.Tensor], config: GPTConfig, tokenizer: 
     return {"model": state, "model_config": config.to_dict(), "tokenizer": tokenizer}
 
 
-def read_model(payload: dict[str, Any], source: str | Path = "the checkpoint") -> tuple[
+MAX_BLOCK_SIZE = 1 << 20  # positions a model read from a file may have: beyond, its KV cache alone is absurd
+DAMAGED = "the file is damaged or was not written by this framework"
+
+
+def model_config_from(values: Any, source: str | Path) -> GPTConfig:
+    """The GPTConfig a file records (a checkpoint's model_config, an export's config.json), each field's type
+    checked (gpt.validate) and each value by GPTConfig itself; a UserError naming ``source`` otherwise."""
+    from gpt.validate import Record, dataclass_values
+
+    values = dataclass_values(GPTConfig, Record(values, str(source), DAMAGED, "model_config").value, str(source),
+                              DAMAGED, prefix="model_config.")
+    try:
+        config = GPTConfig.from_dict(values)
+    except ConfigError as err:  # a design this process has not loaded keeps its hint: how to bring it
+        from gpt.designs.registry import DesignUnavailable
+
+        raise UserError(f"{source}: {err}", hint=err.hint if isinstance(err, DesignUnavailable) else DAMAGED) from None
+    if config.block_size > MAX_BLOCK_SIZE:
+        raise UserError(f"{source}: model_config.block_size {config.block_size:,} is more than the "
+                        f"{MAX_BLOCK_SIZE:,} positions a model read from a file may have", hint=DAMAGED)
+    return config
+
+
+def read_entries(payload: dict[str, Any], source: str | Path = "the checkpoint") -> tuple[
         GPTConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """GPTConfig, state dict and tokenizer description from a loaded checkpoint, each checked (UserError)."""
+    """GPTConfig, state dict and tokenizer description of a loaded checkpoint, their types checked (not the
+    weights' shapes: :func:`check_model_state`)."""
     missing = [key for key in MODEL_ENTRIES if key not in payload]
     if missing:
         raise UserError(f"{source} has no {', '.join(missing)} entry", hint="it was not written by this framework")
-    if not isinstance(payload["model_config"], dict) or not isinstance(payload["tokenizer"], dict):
-        raise UserError(f"{source}: model_config and tokenizer must be dicts")
-    config = GPTConfig.from_dict(payload["model_config"])
-    check_model_state(config, payload["model"], source)
-    return config, payload["model"], payload["tokenizer"]
+    if not isinstance(payload["tokenizer"], dict):
+        raise UserError(f"{source}: the tokenizer entry must be a dict", hint=DAMAGED)
+    return model_config_from(payload["model_config"], source), payload["model"], payload["tokenizer"]
+
+
+def read_model(payload: dict[str, Any], source: str | Path = "the checkpoint") -> tuple[
+        GPTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """GPTConfig, state dict and tokenizer description from a loaded checkpoint, each checked (UserError)."""
+    config, state, tokenizer = read_entries(payload, source)
+    check_model_state(config, state, source)
+    return config, state, tokenizer
 
 
 def check_model_state(config: GPTConfig, state: Any, source: str | Path = "the checkpoint") -> None:
-    """Refuse a state dict whose names or shapes are not those of GPT(config), naming the first difference."""
+    """The one shape check of every model source: refuse a state dict whose names or shapes are not those of
+    GPT(config), naming the first difference. The sizes that would make even an empty model absurd (layers,
+    vocabulary, width, positions) are checked against the tensors first, so a hostile config cannot hang it."""
     from gpt.model import GPT  # here, not at the top: the model imports nothing of checkpoints
 
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"{source}: the model entry is not a dict of tensors")
+        raise UserError(f"{source}: the model entry is not a dict of tensors", hint=DAMAGED)
+    check_sizes(config, state, source)
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
@@ -109,6 +141,23 @@ def check_model_state(config: GPTConfig, state: Any, source: str | Path = "the c
         if tuple(state[name].shape) != shape:
             raise UserError(f"{source}: {name} has shape {tuple(state[name].shape)}, the model config says {shape}",
                             hint="the file is damaged or its config belongs to another model")
+
+
+def check_sizes(config: GPTConfig, state: dict[str, torch.Tensor], source: str | Path) -> None:
+    """The layer count and the token (and position) table against the tensors, before a model is built."""
+    layers = {key.split(".")[2] for key in state if key.startswith("transformer.h.")}
+    wte = state.get("transformer.wte.weight")
+    problem = None
+    if config.n_layer != len(layers):
+        problem = (f"model_config.n_layer is {config.n_layer:,}, the weights hold {len(layers)} "
+                   f"layer{'s' if len(layers) != 1 else ''}")
+    elif wte is None or tuple(wte.shape) != (config.vocab_size, config.n_embd):
+        problem = (f"transformer.wte.weight has shape {None if wte is None else tuple(wte.shape)}, the model config "
+                   f"says {(config.vocab_size, config.n_embd)} (vocab_size, n_embd)")
+    elif config.block_size > MAX_BLOCK_SIZE:
+        problem = f"model_config.block_size {config.block_size:,} is more than {MAX_BLOCK_SIZE:,}"
+    if problem:
+        raise UserError(f"{source}: {problem}", hint="the file is damaged or its config belongs to another model")
 
 
 def resolve(ckpt: str | Path) -> Path:

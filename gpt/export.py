@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 from gpt import checkpoint, hf, pretrained
+from gpt import sharded_checkpoint as sharded
 from gpt.config import MISSING, ScriptConfig
 from gpt.errors import ConfigError, UserError
+from gpt.files import output_path
 
 
 @dataclass
@@ -23,6 +25,8 @@ class ExportConfig(ScriptConfig):
     private: bool = False  # with push_to_hub: create the repository private
 
     def __post_init__(self) -> None:
+        if self.out is not None:
+            output_path(self.out, "out", folder=True)
         if self.format not in pretrained.FORMATS:
             raise ConfigError(f"format must be one of {', '.join(pretrained.FORMATS)}, got {self.format!r}",
                               hint="format=native exports models GPT-2's layout cannot hold (rope, n_kv_head, window)")
@@ -39,6 +43,10 @@ def run(cfg: ExportConfig) -> None:
     """Write the export (refusing an occupied out= before any weights are read), then push it if asked."""
     out = Path(cfg.out).expanduser() if cfg.out else default_out(cfg.ckpt)
     hf.check_out_dir(out, cfg.overwrite)
+    run = [name for name in (checkpoint.LATEST, checkpoint.BEST, sharded.ROOT) if (out / name).exists()]
+    if run:  # its config.json and weights would make the run read as an export (generate ckpt=<run> would load it)
+        raise UserError(f"out={out} is a training run's folder (it holds {run[0]})",
+                        hint="export into a folder of its own, e.g. the default <run>/export")
     config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
     pretrained.export(state, config, tokenizer, out, format=cfg.format, overwrite=cfg.overwrite)
     print(f"wrote {out} ({'Hugging Face GPT-2 layout' if cfg.format == 'hf' else 'native layout'})", flush=True)

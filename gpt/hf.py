@@ -7,18 +7,23 @@ cannot represent is refused by name, in both directions, instead of loading into
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
 
+from gpt.checkpoint import MAX_BLOCK_SIZE
 from gpt.config import GPTConfig
 from gpt.designs import registry as designs
-from gpt.errors import UserError
+from gpt.errors import ConfigError, UserError
+from gpt.files import atomic_write_all
 from gpt.tokenizer import GPT2_ENCODING
 from gpt.tokenizer_files import attach, eot_id, reference, tokenizer_files  # noqa: F401  (tokenizer_files: export's)
+from gpt.validate import Record, dataclass_values, shown
+from gpt.validate import read_json as read_json_file
 
 # OpenAI's GPT-2 stores these as Conv1D weights, (in, out): the transpose of nn.Linear's (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -113,15 +118,13 @@ def generation_config(config: GPTConfig, tokenizer: dict[str, Any]) -> dict[str,
 
 # --- import: a GPT-2 folder -> this project's model ---------------------------------------------------------------
 
+JSON_HINT = "it should be the JSON file transformers writes (or an export's): copy or export it again"
+MAX_LAYERS, MAX_WIDTH, MAX_VOCAB = 4096, 1 << 17, 1 << 32  # a config.json beyond these is refused before any build
+
+
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is unreadable ({err})",
-                        hint="it should be the JSON file transformers writes") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{path} does not hold a JSON object")
-    return value
+    """A JSON object file of a Hugging Face folder (config.json, the index map), read with gpt.validate's limits."""
+    return Record(read_json_file(path, JSON_HINT), str(path), JSON_HINT).value
 
 
 def is_folder(path: str | Path) -> bool:
@@ -132,8 +135,8 @@ def is_folder(path: str | Path) -> bool:
     if not ((path / WEIGHTS).is_file() or (path / INDEX).is_file()):
         return False
     try:
-        return json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type") == "gpt2"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return read_json(path / "config.json").get("model_type") == "gpt2"
+    except UserError:
         return False
 
 
@@ -143,7 +146,7 @@ def check_importable(hf: dict[str, Any], source: Path) -> None:
     if not isinstance(own, dict) or any(not isinstance(own.get(k, {}), dict) for k in ("model_config", "tokenizer")):
         raise UserError(f"{source / 'config.json'}: {META_KEY} must be an object whose model_config and tokenizer "
                         "are objects", hint="the file was edited or damaged: export the model again")
-    n_embd = hf.get("n_embd", 768)
+    n_embd = sizes_of(hf, source)["n_embd"]
     refused = {
         "model_type": (hf.get("model_type", "gpt2") != "gpt2", "only GPT-2 (model_type gpt2) imports"),
         "tie_word_embeddings": (hf.get("tie_word_embeddings", True) is not True,
@@ -165,20 +168,40 @@ def check_importable(hf: dict[str, Any], source: Path) -> None:
                             hint="only checkpoints with GPT-2's exact architecture import into this model")
 
 
+def sizes_of(hf: dict[str, Any], source: Path) -> dict[str, int]:
+    """GPT-2's sizes from a config.json (GPT-2 small's where absent), each an integer within this project's
+    limits: a config.json naming a billion layers is refused here, before a model is built."""
+    record = Record(hf, str(source / "config.json"), "the file was edited or damaged: copy or export it again")
+    return dict(n_layer=record.int("n_layer", 12, 1, MAX_LAYERS), n_head=record.int("n_head", 12, 1, MAX_WIDTH),
+                n_embd=record.int("n_embd", 768, 1, MAX_WIDTH),
+                block_size=record.int("n_positions", 1024, 1, MAX_BLOCK_SIZE),
+                vocab_size=record.int("vocab_size", GPT2_VOCAB, 1, MAX_VOCAB))
+
+
+def weight_map(folder: Path) -> dict[str, str]:
+    """The index map of a sharded folder: tensor name -> shard file, each shard a plain file name in ``folder``."""
+    index = Record(read_json(folder / INDEX), str(folder / INDEX), "it should be the index transformers writes")
+    names = index.record("weight_map")
+    if not names.value:
+        raise index.error("weight_map is empty")
+    for name, shard in names.value.items():
+        if not isinstance(shard, str) or not shard or shard != Path(shard).name or shard in (".", ".."):
+            raise index.error(f"weight_map[{name!r}] must name a shard file in the folder, got {shown(shard)}")
+    return names.value
+
+
 def read_tensors(folder: Path) -> dict[str, Tensor]:
     """All tensors of a folder: model.safetensors, or every shard that model.safetensors.index.json names."""
     if (folder / WEIGHTS).is_file():
         return load_safetensors(folder / WEIGHTS)
-    weight_map = read_json(folder / INDEX).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise UserError(f"{folder / INDEX} has no weight_map", hint="it should be the index transformers writes")
+    names = weight_map(folder)
     tensors: dict[str, Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
+    for shard in sorted(set(names.values())):
         if not (folder / shard).is_file():
             raise UserError(f"shard {shard} named by {folder / INDEX} is missing",
                             hint="copy every shard of the checkpoint")
         tensors.update(load_safetensors(folder / shard))
-    missing = sorted(set(weight_map) - set(tensors))
+    missing = sorted(set(names) - set(tensors))
     if missing:
         raise UserError(f"{folder / INDEX} names {missing[0]} but no shard holds it")
     return tensors
@@ -209,16 +232,22 @@ def from_hf_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return state
 
 
-def config_from_hf(hf: dict[str, Any], state: dict[str, Tensor], attention: str) -> tuple[GPTConfig, dict[str, Tensor]]:
+def config_from_hf(hf: dict[str, Any], state: dict[str, Tensor], attention: str,
+                   source: Path = Path(".")) -> tuple[GPTConfig, dict[str, Tensor]]:
     """GPTConfig from a GPT-2 config.json; with our own description (META_KEY) the export's exact config comes back.
 
     bias=false comes back when every bias is still zero (transformers may have trained them since).
     """
-    sizes = dict(n_layer=hf.get("n_layer", 12), n_head=hf.get("n_head", 12), n_embd=hf.get("n_embd", 768),
-                 block_size=hf.get("n_positions", 1024), vocab_size=hf.get("vocab_size", GPT2_VOCAB))
+    sizes = sizes_of(hf, source)
     own = hf.get(META_KEY, {}).get("model_config", {})
+    own = dataclass_values(GPTConfig, own, f"{source / 'config.json'} ({META_KEY})",
+                           "the file was edited or damaged: export the model again", prefix="model_config.")
     extras = {k: own[k] for k in ("attention", "attention_backend") if k in own}
-    config = GPTConfig(**{**sizes, "bias": True, "dropout": own.get("dropout", 0.0), "attention": attention, **extras})
+    try:
+        config = GPTConfig(**{**sizes, "bias": True, "dropout": own.get("dropout", 0.0), "attention": attention,
+                              **extras})
+    except ConfigError as err:
+        raise UserError(f"{source / 'config.json'}: {err}", hint="the file was edited or damaged") from None
     biases = [k for k in state if k.endswith(".bias")]
     if own.get("bias") is False and all(not state[k].any() for k in biases):
         state = {k: v for k, v in state.items() if k not in biases}
@@ -226,30 +255,12 @@ def config_from_hf(hf: dict[str, Any], state: dict[str, Tensor], attention: str)
     return config, state
 
 
-def check_shapes(state: dict[str, Tensor], config: GPTConfig, source: Path) -> None:
-    """Refuse missing, unexpected or misshapen tensors with a one-line error (not load_state_dict's traceback)."""
-    from gpt.model import GPT
-
-    with torch.device("meta"):  # shapes only: no memory, no initialisation
-        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
-    for name, shape in expected.items():
-        if name not in state:
-            raise UserError(f"{source}: tensor {name} is missing", hint="the weights do not match config.json")
-        if tuple(state[name].shape) != shape:
-            raise UserError(f"{source}: {name} has shape {tuple(state[name].shape)}, config.json implies {shape}",
-                            hint="the weights do not match config.json")
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise UserError(f"{source}: unexpected tensor {unexpected[0]}", hint="the weights do not match config.json")
-
-
 def load_state(hf: dict[str, Any], tensors: dict[str, Tensor], source: Path,
                attention: str = "sdpa") -> tuple[GPTConfig, dict[str, Tensor]]:
-    """GPTConfig and state dict from a GPT-2 config.json's values and its tensors, after every check."""
+    """GPTConfig and state dict from a GPT-2 config.json's values and its tensors, after every check of the
+    config (the weights' shapes: gpt.checkpoint.check_model_state, the one shape check of every model source)."""
     check_importable(hf, source)
-    config, state = config_from_hf(hf, from_hf_state(tensors), attention)
-    check_shapes(state, config, source)
-    return config, state
+    return config_from_hf(hf, from_hf_state(tensors), attention, source)
 
 
 def load_folder(path: str | Path, attention: str = "sdpa") -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
@@ -284,28 +295,47 @@ def _stale_files(out: Path, written: set[str]) -> list[Path]:
     stale = [out / name for name in EXPORT_FILES if name not in written and (out / name).is_file()]
     if (out / INDEX).is_file() and INDEX not in written:
         try:
-            shards = set(json.loads((out / INDEX).read_text(encoding="utf-8")).get("weight_map", {}).values())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            shards = set(weight_map(out).values())
+        except UserError:  # a damaged index: its shards are left where they are
             shards = set()
-        stale += [out / s for s in sorted(shards) if "/" not in s and s not in written and (out / s).is_file()]
+        stale += [out / s for s in sorted(shards) if s not in written and (out / s).is_file()]
     return stale
 
 
 def write_folder(out: Path, tensors: dict[str, Tensor], metadata: dict[str, str], files: dict[str, str]) -> None:
-    """Write model.safetensors and the text files, each atomically; config.json last, so that a folder with a
-    config.json is complete. The previous export's files that this one does not rewrite are removed."""
-    from gpt.checkpoint import atomic_write
-
-    out.mkdir(parents=True, exist_ok=True)
+    """Write model.safetensors and the text files as one replacement (gpt.files.atomic_write_all): all are
+    written beside their targets first, then renamed with config.json last, so that a folder with a config.json is
+    complete and an interrupted or failed export leaves the previous one as it was. The previous export's files
+    that this one does not rewrite are removed afterwards."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"could not create out={out}: {err.strerror or err}", hint="pick a folder you can write to") \
+            from None
     st = safetensors_torch()
-    # safetensors writes to a path: the temporary file atomic_write opened (its fsync covers what was written).
-    atomic_write(out / WEIGHTS, lambda f: st.save_file(tensors, f.name, metadata=metadata), what="weights",
-                 hint="nothing of the previous export was replaced; free disk space or pick another out=")
+
+    def weights(f: BinaryIO) -> None:
+        """safetensors writes to a path: the temporary file atomic_write_all opened (its fsync covers the write)."""
+        try:
+            st.save_file(tensors, f.name, metadata=metadata)
+        except Exception as err:  # safetensors' own error type for a full disk: an OSError for the writer
+            raise OSError(str(err).removeprefix("Error while serializing: ")) from None
+
+    writes = [(out / WEIGHTS, weights)]
+    writes += [(out / name, lambda f, text=files[name]: f.write(text.encode("utf-8")))
+               for name in sorted(files, key=lambda name: name == "config.json")]
     stale = _stale_files(out, {WEIGHTS, *files})
+    try:
+        atomic_write_all(writes, what="the export", hint="the previous export is unchanged; free disk space or pick "
+                                                          "another out=")
+    except BaseException:
+        if created:  # the folder this export made, empty again
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     for path in stale:
-        path.unlink()
-    for name in sorted(files, key=lambda name: name == "config.json"):
-        atomic_write(out / name, lambda f, text=files[name]: f.write(text.encode("utf-8")), what=name)
+        path.unlink(missing_ok=True)
 
 
 def push_to_hub(folder: Path, repo_id: str, private: bool = False, endpoint: str | None = None) -> str:

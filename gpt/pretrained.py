@@ -5,9 +5,10 @@ which turns any of them (or a training checkpoint) into a model ready for infere
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -19,6 +20,7 @@ from gpt.designs.registry import DesignUnavailable
 from gpt.errors import ConfigError, UserError
 from gpt.hf import CONV1D_SUFFIXES, GPT2_TOKENIZER  # noqa: F401  (re-exported: the names callers know)
 from gpt.model import GPT
+from gpt.validate import Record
 
 GPT2_SIZES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
@@ -63,8 +65,9 @@ def _gpt2_files(name: str, init_path: str | None) -> tuple[Path, Path | None]:
     return Path(weights), Path(config)
 
 
-def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") -> tuple[GPTConfig, dict[str, Tensor]]:
-    """OpenAI's GPT-2 weights (``name`` among GPT2_SIZES) as a GPTConfig and a state dict for GPT."""
+def read_gpt2(name: str, init_path: str | None = None,
+              attention: str = "sdpa") -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
+    """OpenAI's GPT-2 weights (``name`` among GPT2_SIZES), their config and tokenizer; shapes not yet checked."""
     if name not in GPT2_SIZES:
         raise UserError(f"unknown GPT-2 model {name!r}; valid: {', '.join(GPT2_SIZES)}")
     weights, config_file = _gpt2_files(name, init_path)
@@ -74,7 +77,15 @@ def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") 
         values = hf.read_json(config_file)
         hf.check_importable(values, config_file.parent)  # before reading the weights
     tensors = hf.read_tensors(weights) if weights.is_dir() else hf.load_safetensors(weights)
-    return hf.load_state(values, tensors, weights if weights.is_dir() else weights.parent, attention)
+    config, state = hf.load_state(values, tensors, weights if weights.is_dir() else weights.parent, attention)
+    return config, state, GPT2_TOKENIZER
+
+
+def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") -> tuple[GPTConfig, dict[str, Tensor]]:
+    """OpenAI's GPT-2 weights (``name`` among GPT2_SIZES) as a GPTConfig and a state dict for GPT."""
+    config, state, _ = read_gpt2(name, init_path, attention)
+    checkpoint.check_model_state(config, state, init_path or name)
+    return config, state
 
 
 def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out_dir: str | Path,
@@ -104,50 +115,78 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
     return out
 
 
+def is_native(path: str | Path) -> bool:
+    """A folder written by export(format=native): model.safetensors beside a config.json of this project's own."""
+    path = Path(path)
+    return path.is_dir() and (path / hf.WEIGHTS).is_file() and (path / "config.json").is_file()
+
+
 def is_export(path: str | Path) -> bool:
     """A folder written by export() in either layout (or any Hugging Face GPT-2 folder)."""
+    return hf.is_folder(path) or is_native(path)
+
+
+def read_native(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
+    """A folder written by export(format=native): its GPTConfig, state dict (head re-tied) and tokenizer
+    description; shapes not yet checked."""
     path = Path(path)
-    return hf.is_folder(path) or (path.is_dir() and (path / hf.WEIGHTS).is_file() and (path / "config.json").is_file())
+    meta = Record(hf.read_json(path / "config.json"), str(path / "config.json"),
+                  "the file was edited or damaged: export the model again")
+    if meta.get("format", None) != EXPORT_FORMAT:
+        raise UserError(f"{path} is not a model exported by scripts/export.py",
+                        hint="for OpenAI's GPT-2 use init_from=gpt2 init_path=...")
+    config = checkpoint.model_config_from(meta.record("model_config").value, path / "config.json")
+    tokenizer = meta.record("tokenizer").value
+    state = hf.load_safetensors(path / hf.WEIGHTS)
+    if "transformer.wte.weight" in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return config, state, tokenizer
 
 
 def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
     """A model written by export(), either layout: its GPTConfig, state dict (head re-tied), tokenizer description."""
-    path = Path(path)
-    if hf.is_folder(path):
-        return hf.load_folder(path)
-    meta = hf.read_json(path / "config.json")
-    if meta.get("format") != EXPORT_FORMAT:
-        raise UserError(f"{path} is not a model exported by scripts/export.py",
-                        hint="for OpenAI's GPT-2 use init_from=gpt2 init_path=...")
-    if not isinstance(meta.get("model_config"), dict) or not isinstance(meta.get("tokenizer"), dict):
-        raise UserError(f"{path / 'config.json'}: model_config and tokenizer must be objects",
-                        hint="the file was edited or damaged: export the model again")
-    state = hf.load_safetensors(path / hf.WEIGHTS)
-    state["lm_head.weight"] = state["transformer.wte.weight"]
-    config = GPTConfig.from_dict(meta["model_config"])
-    hf.check_shapes(state, config, path)
-    return config, state, meta["tokenizer"]
+    config, state, tokenizer = (hf.load_folder if hf.is_folder(path) else read_native)(path)
+    checkpoint.check_model_state(config, state, path)
+    return config, state, tokenizer
+
+
+def read_checkpoint(ckpt: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
+    """A run folder, a .pt file, a ckpt.dcp or a sharded step folder: the model entries of its checkpoint."""
+    path = Path(ckpt).expanduser()
+    if path.is_dir() and (path / hf.WEIGHTS).is_file() and not (path / "config.json").is_file():
+        raise UserError(f"{ckpt} holds {hf.WEIGHTS} but no config.json", hint="copy the export's config.json with it")
+    path = checkpoint.resolve(ckpt)
+    return checkpoint.read_entries(checkpoint.load(path), path)
+
+
+# Every source of model weights ckpt= (init_from=) can name, tried in order: what it is, whether ckpt names one,
+# and the reader that returns its GPTConfig, state dict and tokenizer description (shapes checked after, once).
+Reader = Callable[[str, Optional[str]], tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]]
+SOURCES: tuple[tuple[str, Callable[[str], bool], Reader], ...] = (
+    ("OpenAI's GPT-2 (gpt2*, from the Hub or init_path)", lambda ckpt: ckpt in GPT2_SIZES, read_gpt2),
+    ("a Hugging Face GPT-2 folder (or an export in its layout)", hf.is_folder, lambda ckpt, _: hf.load_folder(ckpt)),
+    ("a native export", is_native, lambda ckpt, _: read_native(ckpt)),
+    ("a run folder, .pt file or sharded checkpoint", lambda ckpt: True, lambda ckpt, _: read_checkpoint(ckpt)),
+)
 
 
 def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTConfig, dict, dict]:
-    """GPTConfig, state dict and tokenizer description from any model source ``ckpt`` can name:
-    a run directory or .pt checkpoint, a folder written by scripts/export.py or any Hugging Face GPT-2 folder,
-    or gpt2* (OpenAI's weights). The tokenizer description is checked complete and within the model's vocabulary."""
+    """GPTConfig, state dict and tokenizer description from any model source ``ckpt`` can name (SOURCES): a run
+    directory or .pt checkpoint, a folder written by scripts/export.py or any Hugging Face GPT-2 folder, or gpt2*
+    (OpenAI's weights). Every source gets the same checks: the weights' names and shapes against the config, the
+    tokenizer description complete and within the model's vocabulary."""
+    ckpt = str(ckpt)
+    for name, value in (("ckpt", ckpt), ("init_path", init_path)):
+        if value is not None and not value.strip():  # "" would name the current folder
+            raise UserError(f"{name} is empty", hint=f"give {name}=<a run folder, checkpoint, export or gpt2*>")
+    read = next(reader for _, matches, reader in SOURCES if matches(ckpt))
     try:
-        if str(ckpt) in GPT2_SIZES:
-            (config, state), tokenizer = load_gpt2(str(ckpt), init_path), GPT2_TOKENIZER
-        elif is_export(ckpt):
-            config, state, tokenizer = load_export(ckpt)
-        elif Path(ckpt).is_dir() and (Path(ckpt) / hf.WEIGHTS).is_file() and not (Path(ckpt) / "config.json").is_file():
-            raise UserError(f"{ckpt} holds {hf.WEIGHTS} but no config.json",
-                            hint="copy the export's config.json with it")
-        else:
-            path = checkpoint.resolve(ckpt)
-            config, state, tokenizer = checkpoint.read_model(checkpoint.load(path), path)
+        config, state, tokenizer = read(ckpt, init_path)
     except ConfigError as err:  # a model config value the dataclass refuses: say which file holds it
         damaged = "the file is damaged or was not written by this framework"
         raise UserError(f"{init_path or ckpt}: {err}",
                         hint=err.hint if isinstance(err, DesignUnavailable) else damaged) from None
+    checkpoint.check_model_state(config, state, init_path or ckpt)
     problem = tok.description_problem(tokenizer)
     if problem is None and tokenizer["vocab_size"] > config.vocab_size:
         problem = f"its tokenizer has {tokenizer['vocab_size']} tokens, the model only {config.vocab_size}"

@@ -29,8 +29,10 @@ def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Ten
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         cumulative = torch.softmax(sorted_logits.float(), dim=-1).cumsum(dim=-1)
-        # Drop a token when the tokens ranked above it already reach top_p (the first always stays).
+        # Drop a token when the tokens ranked above it already reach top_p. The first always stays, also when
+        # top_p is so small (subnormal) that it rounds to 0 in float32 and "0 >= top_p" would drop it too.
         drop_sorted = (cumulative - torch.softmax(sorted_logits.float(), dim=-1)) >= top_p
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -38,7 +40,13 @@ def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Ten
 
 def probabilities(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
     """The distribution a token is drawn from (temperature > 0): softmax of the filtered logits / temperature."""
-    return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    # The best logit is 0 before dividing, so a tiny temperature sends the others to -inf, never to +inf; one below
+    # float32's smallest normal (a subnormal, which float32 reads as 0) is taken as that smallest normal: the same
+    # all but greedy choice, where dividing by 0 made NaN probabilities.
+    logits = logits.float()
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    logits = filter_logits(logits / max(temperature, torch.finfo(torch.float32).tiny), top_k, top_p)
+    return torch.softmax(logits, dim=-1)
 
 
 def sample_next(

@@ -11,10 +11,12 @@ import sys
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from gpt.errors import ConfigError
+from gpt.validate import INT64
 
 DESIGNS = "designs"  # every script's key (gpt.config.ScriptConfig) for the designs a user brings
 # The attention= group is written straight into model (configs/attention/*.yaml); its keys' earlier spellings
@@ -44,12 +46,56 @@ def typed(cfg: DictConfig) -> Any:
     The designs a user brings (``designs=[...]``) are loaded first, so the model config may name them."""
     bring_designs(cfg)
     refuse_unknown_keys(cfg)
+    refuse_huge_integers(cfg)
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:
         key = err.full_key or str(err)
         raise ConfigError(f"{key} must be given (it has no default)",
                           hint=f"add {key}=<value> to the command") from None
+    except OmegaConfBaseException as err:  # a value OmegaConf cannot convert or interpolate
+        raise composition_error(err) from None
+
+
+def refuse_huge_integers(cfg: DictConfig) -> None:
+    """Refuse an integer beyond 64 bits anywhere in the config (seed=2**70): no setting means one, and torch,
+    numpy and the file formats would each fail on it in their own way."""
+    todo: list[tuple[str, Any]] = [("", OmegaConf.to_container(cfg, resolve=False))]
+    while todo:
+        where, node = todo.pop()
+        if isinstance(node, dict):
+            todo += [(f"{where}.{k}" if where else str(k), v) for k, v in node.items()]
+        elif isinstance(node, list):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(node)]
+        elif isinstance(node, int) and not isinstance(node, bool) and not INT64[0] <= node <= INT64[1]:
+            raise ConfigError(f"{where}={node} is beyond the range of a 64-bit integer",
+                              hint="no setting takes a number that large")
+
+
+def composition_error(err: BaseException) -> ConfigError | None:
+    """A Hydra or OmegaConf error met while composing a command's config, as one line naming the key (None when
+    ``err`` is not one): an unknown group option or key, a value of the wrong type, an override Hydra cannot parse."""
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
+        group, _, name = err.missing_cfg_file.rpartition("/")
+        return ConfigError(f"unknown {group}={name}; valid: {', '.join(err.options) or 'none'}",
+                           hint=f"pick one of the {group} options (configs/{group}/)")
+    if isinstance(err, OverrideParseException):
+        return ConfigError(f"cannot read the override {err.override!r}: {err.message.splitlines()[0]}",
+                           hint="write key=value; quote values with brackets, commas or spaces ('key=[1,2]')")
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
+        schema = cause.object_type if dataclasses.is_dataclass(cause.object_type) else None
+        parent = cause.full_key.rpartition(".")[0]
+        valid = f"; valid keys{f' of {parent}' if parent else ''}: " + ", ".join(
+            f.name for f in dataclasses.fields(schema)) if schema else ""
+        return ConfigError(f"unknown config key {cause.full_key}{valid}",
+                           hint="check the spelling (--cfg job prints every key)")
+    if isinstance(cause, OmegaConfBaseException) or isinstance(err, HydraException):
+        key = getattr(cause, "full_key", None)
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        return ConfigError(first + (f" ({key})" if key and key not in first else ""),
+                           hint="check the command's overrides")
+    return None
 
 
 def bring_designs(cfg: DictConfig) -> None:

@@ -17,6 +17,7 @@ with or without FSDP; generate, export and evaluation read the folder directly (
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import shutil
@@ -127,6 +128,9 @@ def read_metadata(folder: Path) -> Any:
         raise UserError(f"{path} is not readable DCP metadata ({type(err).__name__}: {str(err)[:200]})",
                         hint="the sharded checkpoint is damaged; resume from a copy or start a new run") from None
     problem = _metadata_problem(metadata)
+    if not problem and (damage := _shards_problem(metadata, folder)):
+        raise UserError(f"{folder}: {damage}",
+                        hint="the sharded checkpoint is damaged; resume from a copy or start a new run")
     if problem:
         raise UserError(f"{path} is not DCP metadata this framework wrote ({problem}); refusing to load it",
                         hint="the sharded checkpoint is damaged or foreign; use a checkpoint this framework wrote")
@@ -161,6 +165,28 @@ def _metadata_problem(metadata: Any) -> str | None:
     return None
 
 
+def _shards_problem(metadata: Any, folder: Path) -> str | None:
+    """What is wrong with the shard files that checked metadata names, or None: each must be present and hold the
+    bytes its entries point at, and together they must hold at least every tensor's bytes (so a size no file
+    could back, which would make a reader allocate terabytes, is refused before anything is allocated)."""
+    ends: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    stored = 0
+    for name, end in sorted(ends.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"its shard {name} is missing"
+        stored += path.stat().st_size
+        if path.stat().st_size < end:
+            return f"its shard {name} holds {path.stat().st_size} bytes, fewer than the {end} it should (truncated)"
+    needed = sum(math.prod(entry.size) * entry.properties.dtype.itemsize
+                 for entry in metadata.state_dict_metadata.values())
+    if needed > stored:
+        return f"its tensors need {needed:,} bytes but its shards hold {stored:,}"
+    return None
+
+
 def _safe_reader_and_planner(folder: Path) -> tuple[Any, Any]:
     """DCP's file reader with :func:`read_metadata` in place of its plain pickle.load, and a load planner that
     refuses non-tensor entries (DCP's own would torch.load them with weights_only=False)."""
@@ -186,9 +212,22 @@ def _safe_reader_and_planner(folder: Path) -> tuple[Any, Any]:
 def dcp_load(tensors: dict[str, torch.Tensor], folder: Path, no_dist: bool = False) -> None:
     """DCP's load of ``tensors`` (filled in place) from a step folder, reading nothing but checked tensors."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     reader, planner = _safe_reader_and_planner(folder)
-    dcp.load(tensors, storage_reader=reader, planner=planner, no_dist=no_dist)
+    try:
+        dcp.load(tensors, storage_reader=reader, planner=planner, no_dist=no_dist)
+    except CheckpointException as err:  # a BaseException in DCP: each rank's failure, wrapped
+        failures = list(getattr(err, "failures", {}).values())  # rank -> (exception, its stack)
+        first = failures[0] if failures else err
+        first = first[0] if isinstance(first, tuple) else first
+        if isinstance(first, UserError):
+            raise first from None
+        detail = (str(first).strip().splitlines() or [type(first).__name__])[0][:200]
+        if isinstance(first, pickle.UnpicklingError):  # torch's message suggests weights_only=False: never here
+            detail = "its bytes are not tensors this framework wrote"
+        raise UserError(f"{folder}: a shard could not be read ({type(first).__name__}: {detail})",
+                        hint="the sharded checkpoint is damaged; resume from a copy or start a new run") from None
 
 
 def tensor_shapes(folder: Path, prefix: str) -> dict[str, tuple[torch.Size, torch.dtype]]:
@@ -203,6 +242,11 @@ def load_full(folder: Path, optimizer: bool = False) -> dict[str, Any]:
 
     ``model`` always; ``optimizer`` (keyed by parameter name) too when asked, which makes the payload resumable."""
     payload = load_archive(folder / META)
+    groups = payload.get("optimizer", {}).get("param_groups") if isinstance(payload, dict) and isinstance(
+        payload.get("optimizer", {}), dict) else None
+    if not isinstance(payload, dict) or (optimizer and not isinstance(groups, list)):
+        raise UserError(f"{folder / META} is not the training state this framework writes",
+                        hint="the sharded checkpoint is damaged; resume from a copy or start a new run")
     prefixes = (MODEL_PREFIX, OPTIM_PREFIX) if optimizer else (MODEL_PREFIX,)
     tensors = {prefix + name: torch.empty(size, dtype=dtype)
                for prefix in prefixes for name, (size, dtype) in tensor_shapes(folder, prefix).items()}
@@ -212,7 +256,7 @@ def load_full(folder: Path, optimizer: bool = False) -> dict[str, Any]:
     model_state, optimizer_state = unflatten(tensors)
     payload["model"] = model_state
     if optimizer:
-        payload["optimizer"] = {"state": optimizer_state, "param_groups": payload["optimizer"]["param_groups"]}
+        payload["optimizer"] = {"state": optimizer_state, "param_groups": groups}
     return payload
 
 

@@ -14,6 +14,7 @@ from gpt.config import MISSING, ScriptConfig
 from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError
+from gpt.files import atomic_write, output_path
 from gpt.model import GPT
 from gpt.tokenizer import Tokenizer
 
@@ -31,6 +32,7 @@ class VisualizeConfig(ScriptConfig):
     device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def __post_init__(self) -> None:
+        output_path(self.out, "out", suffix=".png")
         for name in ("layer", "head"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -113,10 +115,15 @@ def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: st
     fig = attention_figure(maps, token_labels(tokenizer, ids), layer, head,
                            title=f"attention maps ({model.config.attention} kernel, weights recomputed)"
                            + "".join(f"; {view}" for view in design_views(model.config)))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    out = output_path(str(out), "out", suffix=".png")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"could not create the folder of out={out}: {err.strerror or err}") from None
+    try:
+        atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=110), what="the picture")
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -124,8 +131,8 @@ def run(cfg: VisualizeConfig) -> Path:
     """scripts/visualize_attention.py: load the model, draw the prompt's attention maps, return the picture's path."""
     from gpt.decoding import prompt_ids
     from gpt.device import resolve_device
-    from gpt.generate import unescape
     from gpt.pretrained import load_model
+    from gpt.text import unescape
 
     model, tokenizer = load_model(cfg.ckpt, resolve_device(cfg.device.type), init_path=cfg.init_path)
     ids = prompt_ids(tokenizer, unescape(cfg.prompt))

@@ -5,20 +5,14 @@ python scripts/arena.py arena.variants=[gpt2,rope,alibi,qk_norm,softcap,sink] ar
 python scripts/arena.py "arena.variants=[gpt2,'rope+qk_norm','model.n_kv_head=1']" arena.quick=true
 """
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("arena")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="arena", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("arena")
+def main(cfg) -> None:
     from gpt.bench.arena import run
 
-    report_user_errors(lambda: run(typed(cfg)))
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 1 or min(args.sizes) < 1 or min(args.procs) < 1:
         parser.error("--repeat, --sizes and --procs must be positive")
+    if max(args.repeat, *args.sizes, *args.procs) >= 2**63:
+        parser.error("--repeat, --sizes and --procs must fit in 64 bits")
     rows = bench(args.sizes, args.procs, args.work, args.repeat, log=lambda row: print(row, flush=True))
     print(table(rows))
     print("\n".join(speedups(rows)))

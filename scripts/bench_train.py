@@ -3,20 +3,14 @@
 python scripts/bench_train.py [model=gpt2]
 """
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("bench_train")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="bench_train", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("bench_train")
+def main(cfg) -> None:
     from gpt.bench.train import run
 
-    print(report_user_errors(lambda: run(typed(cfg))))
+    print(run(cfg))
 
 
 if __name__ == "__main__":

@@ -3,20 +3,14 @@
 A full held-out pass (loss, perplexity, bits per byte) or HellaSwag as lm-evaluation-harness scores it.
 """
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("eval")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="eval", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("eval")
+def main(cfg) -> None:
     from gpt.evaluation.run import run
 
-    report_user_errors(lambda: run(typed(cfg)))
+    run(cfg)
 
 
 if __name__ == "__main__":

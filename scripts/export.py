@@ -1,20 +1,14 @@
 """Export a trained model: python scripts/export.py ckpt=<run dir> [out=<folder>] [format=hf|native] [overwrite=true]
 [push_to_hub=<user/name>] -> a folder transformers opens (format=hf) or this project's own layout (format=native)."""
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("export")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="export", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("export")
+def main(cfg) -> None:
     from gpt.export import run
 
-    report_user_errors(lambda: run(typed(cfg)))
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,13 @@
 """Sample from a trained model: python scripts/generate.py ckpt=<run dir> [prompt="..."] [key=value ...]"""
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("generate")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="generate", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("generate")
+def main(cfg) -> None:
     from gpt.generate import run
 
-    report_user_errors(lambda: run(typed(cfg)))
+    run(cfg)
 
 
 if __name__ == "__main__":

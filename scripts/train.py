@@ -7,17 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.errors import UserError
-from gpt.schema import register, typed
+from gpt.cli import hydra_entry
 from gpt.train.distributed import env_world_size, hydra_overrides_for_rank, run_worker
 
-register("train")
 sys.argv += hydra_overrides_for_rank()  # ranks > 0 of a torchrun launch write nothing of their own
 
 
@@ -29,22 +21,21 @@ def script_path() -> str:
         return str(path)
 
 
-@hydra.main(config_path="../configs", config_name="train", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("train")
+def main(run) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from gpt.errors import UserError
     from gpt.train.trainer import train
 
     hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN and env_world_size() > 1:
+        raise UserError("a Hydra multirun (-m) cannot run under torchrun", hint="launch one torchrun per configuration")
     # a single run goes to out_dir; each job of a multirun (-m) to its numbered folder below it
-    run_dir = Path(cfg.out_dir if hydra_cfg.mode == RunMode.RUN else hydra_cfg.runtime.output_dir)
-
-    def run():
-        if hydra_cfg.mode == RunMode.MULTIRUN and env_world_size() > 1:
-            raise UserError("a Hydra multirun (-m) cannot run under torchrun",
-                            hint="launch one torchrun per configuration")
-        return train(typed(cfg), run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
-                     script=script_path())
-
-    summary = report_user_errors(run)
+    run_dir = Path(run.out_dir if hydra_cfg.mode == RunMode.RUN else hydra_cfg.runtime.output_dir)
+    summary = train(run, run_dir, log=logging.getLogger("train").info, overrides=list(hydra_cfg.overrides.task),
+                    script=script_path())
     if summary.interrupted:
         sys.exit(0)  # a stop signal ends a sweep too, not only its current job
 

@@ -1,19 +1,13 @@
 """Draw attention maps: python scripts/visualize_attention.py ckpt=<run dir> 'prompt="..."' [layer=] [head=] [out=]"""
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("visualize")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="visualize_attention", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("visualize", "visualize_attention")
+def main(cfg) -> None:
     from gpt.visualize import run
 
-    print(f"wrote {report_user_errors(lambda: run(typed(cfg)))}")
+    print(f"wrote {run(cfg)}")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ CASES = {
     "data prepared with another tokenizer": (["data.tokenizer=gpt2"], "was prepared from"),
     "fresh run into an existing run": ([], "already holds a checkpoint"),
     "resume with another model shape": (["resume=true", "model.n_embd=64"], "model.n_embd"),
-    "out_dir not writable": (["out_dir={root}/not_a_dir/run"], "cannot be written: Not a directory"),
+    "out_dir below a file": (["out_dir={root}/not_a_dir/run"], "not_a_dir, which is a file, not a folder"),
     "a model too large for memory": (
         ["model.n_layer=96", "model.n_embd=16384", "model.n_head=128", "out_dir={root}/big"], "out of memory: 309,"),
     "a batch too large for memory": (["train.batch_size=100000000", "out_dir={root}/big"], "out of memory:"),

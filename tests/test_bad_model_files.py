@@ -38,7 +38,7 @@ EXPORT_DAMAGES = {
     "truncated weights": (lambda d: truncate(d / "model.safetensors"), "model.safetensors is not a readable"),
     "foreign weights": (lambda d: (d / "model.safetensors").write_bytes(os.urandom(999)),
                         "model.safetensors is not a readable .safetensors file"),
-    "config.json invalid": (lambda d: (d / "config.json").write_text("{bad"), "config.json is unreadable"),
+    "config.json invalid": (lambda d: (d / "config.json").write_text("{bad"), "config.json: not valid JSON"),
     "config.json missing": (lambda d: (d / "config.json").unlink(), "holds model.safetensors but no config.json"),
     "tokenizer incomplete": (lambda d: edit_config(d, lambda c: (c.get("gpt_attention", c))["tokenizer"].pop("chars")),
                              "chars must be a non-empty list"),
@@ -59,9 +59,12 @@ def test_a_damaged_export_is_refused_naming_the_file(exports, tmp_path, fmt, dam
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda c: c.pop("model_config"), "model_config and tokenizer must be objects"),
-    (lambda c: c.update(tokenizer=[1]), "model_config and tokenizer must be objects"),
-    (lambda c: c["model_config"].update(n_layer="two"), "model.n_layer must be a positive integer"),
+    (lambda c: c.pop("model_config"), "model_config is missing"),
+    (lambda c: c.update(tokenizer=[1]), "tokenizer must be a JSON object, got list"),
+    (lambda c: c["model_config"].update(n_layer="two"), "model_config.n_layer must be an integer, got 'two'"),
+    (lambda c: c["model_config"].update(n_layer=1.7), "model_config.n_layer must be an integer, got 1.7"),
+    (lambda c: c["model_config"].update(n_layer=10**9), "n_layer is 1,000,000,000, the weights hold 1 layer"),
+    (lambda c: c["model_config"].update(vocab_size=10**15), r"says \(1000000000000000, 16\) \(vocab_size"),
 ])
 def test_a_native_export_with_wrong_entries_is_refused(exports, tmp_path, change, message):
     folder = shutil.copytree(exports["native"], tmp_path / "copy")

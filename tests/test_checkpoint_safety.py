@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import dotted_global_pickle, run_script, save_char_model
-from gpt import checkpoint
+from gpt import checkpoint, files
 from gpt.errors import UserError
 
 
@@ -80,5 +80,5 @@ def test_a_dotted_global_in_an_archive_is_refused_without_running_it(tmp_path, n
     path = tmp_path / name
     archive_with_pickle(path, dotted_global_pickle("torch.serialization", "os.mkdir", str(marker)))
     with pytest.raises(UserError, match="refusing to load it"):
-        checkpoint.load_archive(path)
+        files.load_archive(path)
     assert not marker.exists()

@@ -81,7 +81,7 @@ def test_non_utf8_bytes_are_replaced_with_a_warning(tmp_path):
         (lambda p: p / "missing", "does not exist"),
         (lambda p: (p / "empty").mkdir() or p / "empty", "no text files"),
         (lambda p: (p / "e.txt").write_text("") or p / "e.txt", "only empty files"),
-        (lambda p: (p / "bin").write_bytes(b"\0\1" * 10) and p / "bin", "only empty files"),
+        (lambda p: (p / "bin").write_bytes(b"\0\1" * 10) and p / "bin", "holds no text: 1 binary file"),
     ],
 )
 def test_bad_paths_are_user_errors(tmp_path, make, message):

@@ -52,16 +52,31 @@ def cut_vocabulary(meta, fix_size=True, forget_max=False):
 
 DAMAGES = {
     "not an object": (lambda out: (out / "meta.json").write_text("[1, 2]"), "meta.json holds a JSON list"),
-    "not JSON": (lambda out: (out / "meta.json").write_text("{\"version\": 2,"), "meta.json is unreadable"),
+    "not JSON": (lambda out: (out / "meta.json").write_text("{\"version\": 2,"), "meta.json: not valid JSON"),
+    "not UTF-8": (lambda out: (out / "meta.json").write_bytes(b"{\"version\": 2, \"x\": \"\xff\"}"),
+                  "meta.json: not UTF-8 text"),
+    "an integer of 5000 digits": (lambda out: (out / "meta.json").write_text(
+        (out / "meta.json").read_text().replace('"version": 2', '"version": ' + "2" * 5000, 1)),
+        "meta.json: an integer of 5000 digits"),
+    "nested 100 deep": (lambda out: edit_meta(out, lambda m: m["source"].update(settings={"x": nested(100)})),
+                        "meta.json: arrays or objects nested more than 32 deep"),
+    "a count of 1.7": (lambda out: edit_meta(out, lambda m: m["splits"]["train"].update(bytes=1.7)),
+                       "splits.train.bytes must be a non-negative integer, got 1.7"),
+    "a null count": (lambda out: edit_meta(out, lambda m: m["splits"]["val"].update(documents=None)),
+                     "splits.val.documents must be a non-negative integer, got None"),
+    "shards as a string": (lambda out: edit_meta(out, lambda m: m["splits"]["val"].update(shards="val_000000.bin")),
+                           "splits.val.shards must be a non-empty list, got 'val_000000.bin'"),
     "vocabulary cut": (lambda out: edit_meta(out, lambda m: cut_vocabulary(m, fix_size=False)),
                        "vocab_size .* differs from its .* characters"),
-    "vocabulary cut, size fixed": (lambda out: edit_meta(out, cut_vocabulary), "max_token .* is not a token id"),
+    "vocabulary cut, size fixed": (lambda out: edit_meta(out, cut_vocabulary), r"max_token must be an integer in \[0"),
     "vocabulary cut, no max recorded": (lambda out: edit_meta(out, lambda m: cut_vocabulary(m, forget_max=True)),
                                         r"train_000000.bin holds token id \d+, outside the"),
     "dtype changed": (lambda out: edit_meta(out, lambda m: m.update(dtype="uint32")), "dtype uint32 is not the uint16"),
-    "unknown dtype": (lambda out: edit_meta(out, lambda m: m.update(dtype="float64")), "unknown dtype 'float64'"),
+    "unknown dtype": (lambda out: edit_meta(out, lambda m: m.update(dtype="float64")),
+                      "dtype must be one of uint16, uint32, got 'float64'"),
     "no tokenizer": (lambda out: edit_meta(out, lambda m: m.pop("tokenizer")), "tokenizer entry is missing"),
-    "splits not an object": (lambda out: edit_meta(out, lambda m: m.update(splits=[])), "splits must be an object"),
+    "splits not an object": (lambda out: edit_meta(out, lambda m: m.update(splits=[])),
+                             "splits must be a JSON object, got list"),
     "shard count edited": (lambda out: edit_meta(out, lambda m: m["splits"]["train"]["shards"][0].update(tokens=7)),
                            "splits.train.tokens is .*, its shards hold"),
     "shard name outside": (lambda out: edit_meta(out, lambda m: m["splits"]["val"]["shards"][0].update(
@@ -71,6 +86,13 @@ DAMAGES = {
     "id outside the vocabulary": (lambda out: poke(out / "val_000000.bin", 60000),
                                   "val_000000.bin holds token id 60000"),
 }
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def poke(path, value: int) -> None:

@@ -10,9 +10,9 @@ from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig, pretrained
 from gpt.decoding import generate
 from gpt.errors import UserError
-from gpt.generate import TextStream
 from gpt.pretrained import load_model
 from gpt.sampling import filter_logits, sample_next
+from gpt.text import TextStream
 from gpt.tokenizer import CharTokenizer
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=12, vocab_size=40)

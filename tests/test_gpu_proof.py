@@ -45,7 +45,9 @@ def test_the_dry_run_runs_every_part_on_the_cpu_and_writes_both_summaries(tmp_pa
 
 
 @pytest.mark.parametrize("args, message", [(["--parts", "kernels,warp"], "error: unknown part(s) warp"),
-                                           (["--wheels", "/nonexistent"], "error: --wheels /nonexistent is not a")])
+                                           (["--wheels", "/nonexistent"], "error: --wheels /nonexistent is not a"),
+                                           (["--budget-s", "nan"], "error: --budget-s must be a number of seconds"),
+                                           (["--jobs", str(2**64)], "error: --jobs must be in [1, 64]")])
 def test_bad_arguments_get_one_error_line(args, message):
     done = proof("--dry-run", *args, timeout=120)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -89,15 +89,24 @@ def test_context_and_continuation_are_split_as_lm_eval_splits_them():
 
 
 def test_malformed_files_are_named_by_file_and_line(tmp_path):
-    cases = {'{"ctx_a": 1\n': ":1: not valid JSON", json.dumps(DOCS[0]) + "\n[1, 2]\n": ":2: a line must be",
+    cases = {'{"ctx_a": 1\n': ":1: not valid JSON", json.dumps(DOCS[0]) + "\n[1, 2]\n": ":2: the line must be",
              json.dumps({**DOCS[0], "label": 7}) + "\n": ":1: label 7 does not index",
-             json.dumps({k: v for k, v in DOCS[0].items() if k != "endings"}) + "\n": ":1: missing field 'endings'",
+             json.dumps({**DOCS[0], "label": 1.7}) + "\n": r":1: label 1\.7 does not index",  # never read as 1
+             json.dumps({**DOCS[0], "label": None}) + "\n": ":1: label None does not index",
+             json.dumps({**DOCS[0], "endings": "abcd"}) + "\n": ":1: endings must be a non-empty list, got 'abcd'",
+             json.dumps({**DOCS[0], "endings": ["a", 2]}) + "\n": r":1: endings\[1\] must be a string",
+             json.dumps({**DOCS[0], "ctx_b": None}) + "\n": ":1: ctx_b must be a string, got None",
+             json.dumps({k: v for k, v in DOCS[0].items() if k != "endings"}) + "\n": ":1: endings is missing",
+             '{"label": ' + "9" * 5000 + "}\n": ":1: an integer of 5000 digits",
+             "[" * 50000 + "\n": ":1: arrays or objects nested",
              "\n": "holds no HellaSwag examples"}
     for i, (text, message) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.jsonl"
         path.write_text(text)
         with pytest.raises(UserError, match=message):
             hellaswag.read(path)
+    (tmp_path / "hf.jsonl").write_text(json.dumps({**DOCS[0], "label": "2"}) + "\n")  # the Hugging Face copy's label
+    assert hellaswag.read(tmp_path / "hf.jsonl")[0].gold == 2
 
 
 def test_a_missing_file_and_an_offline_download_are_one_line_errors(tmp_path, monkeypatch):

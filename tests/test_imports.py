@@ -122,3 +122,51 @@ def test_only_the_hydra_glue_imports_omegaconf():
                                                 else [n.module or ""]))
                               for n in ast.walk(ast.parse(p.read_text()))))
     assert importers == ["gpt/schema.py"]
+
+
+def package(module: str) -> str:
+    """The package a gpt module belongs to at the level the layers are drawn: gpt.train.state -> gpt.train."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+# package -> packages it must never reach, directly or through others: imports run one way (docs/architecture.md)
+SCRIPT_BODIES = {"gpt.generate", "gpt.export", "gpt.consolidate", "gpt.cli", "gpt.schema"}
+NEVER = {
+    "gpt.errors": {"*"},
+    "gpt.validate": {"*"},
+    "gpt.files": {"*"},
+    "gpt.data": {"gpt.train", "gpt.evaluation", "gpt.bench", "gpt.memory", "gpt.model", *SCRIPT_BODIES},
+    "gpt.memory": {"gpt.train", "gpt.bench", "gpt.evaluation", "gpt.data", *SCRIPT_BODIES},
+    "gpt.evaluation": {"gpt.train", "gpt.bench", *SCRIPT_BODIES},
+    "gpt.checkpoint": {"gpt.train", "gpt.pretrained", "gpt.hf", *SCRIPT_BODIES},
+    "gpt.pretrained": {"gpt.train", "gpt.evaluation", "gpt.bench", *SCRIPT_BODIES},
+    "gpt.visualize": {"gpt.train", "gpt.bench", *SCRIPT_BODIES},
+    "gpt.train": {"gpt.bench", *SCRIPT_BODIES},
+}
+LEAVES_MAY_USE = {"gpt.errors"}  # what the leaves ("*") may import
+
+
+def test_packages_import_one_way():
+    """Not only no cycles: each package stays below the ones that use it (the memory planner, the data and the
+    evaluation never load the training package; nothing loads a script's body; the leaves load only errors)."""
+    graph = import_graph()
+    wrong = {}
+    for name in graph:
+        never = NEVER.get(package(name), set())
+        if not never or name.endswith(".__main__"):  # python -m gpt.memory is an entry point, like a script
+            continue
+        reached = {package(m) for m in reachable(graph, name)} - {package(name)}
+        bad = reached - LEAVES_MAY_USE if "*" in never else reached & never
+        if bad:
+            wrong[name] = sorted(bad)
+    assert wrong == {}, f"modules that reach a package above them: {wrong}"
+
+
+def test_writers_take_atomic_write_from_gpt_files():
+    """One atomic writer: imported from gpt.files itself, never through a module that happens to import it."""
+    elsewhere = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt").rglob("*.py")
+                       for node in ast.walk(ast.parse(p.read_text()))
+                       if isinstance(node, ast.ImportFrom) and node.module != "gpt.files"
+                       and any(a.name in ("atomic_write", "atomic_write_all", "load_archive") for a in node.names))
+    assert elsewhere == []

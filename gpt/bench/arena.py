@@ -1,7 +1,7 @@
 """The attention arena: train several attention designs on equal terms (data, seed, batch, token budget), then
 rank them by held-out bits per byte, with their cost (parameters, tokens/s, peak memory, KV-cache bytes, decoding).
 
-Each variant is a preset name (PRESETS) or ``model.<field>=<value>`` overrides, joined by ``+`` (``rope+qk_norm``,
+Each variant is a preset name (presets()) or ``model.<field>=<value>`` overrides, joined by ``+`` (``rope+qk_norm``,
 ``model.n_kv_head=1``). Each trains with gpt.train.trainer.train(), the very code of scripts/train.py, in a process
 of its own forked from this one (gpt.bench.isolate): the peak memory the Trainer reports on a CPU is its process's
 peak resident set, which a shared process would carry from one variant to the next; a variant that crashes or runs
@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import yaml
 
 from gpt.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
-from gpt.errors import ConfigError, check_positive
+from gpt.errors import ConfigError, UserError, check_positive
+from gpt.files import output_path
 from gpt.train.config import RunConfig, TrainConfig
+from gpt.validate import parse_yaml_value
 
 CORE_PRESETS: dict[str, dict[str, Any]] = {  # the core's own settings; each attention design brings its preset
     "gpt2": {},  # learned positions, full multi-head attention: the baseline
@@ -80,6 +81,7 @@ class ArenaConfig(ScriptConfig):
     out_dir: str = "runs/arena"
 
     def __post_init__(self) -> None:
+        output_path(self.out_dir, "out_dir", folder=True)
         variant_runs(self)  # every variant's model and training config, validated before anything runs
 
 
@@ -101,7 +103,10 @@ def parse_variant(spec: str) -> dict[str, Any]:
             if name not in known:
                 raise ConfigError(f"arena.variants: {key!r} in {spec!r} is not a model field",
                                   hint=f"model fields: {', '.join(known)}")
-            overrides[name] = yaml.safe_load(value)
+            try:
+                overrides[name] = parse_yaml_value(value.strip(), f"arena.variants: {key.strip()}")
+            except UserError as err:
+                raise ConfigError(f"{err} in {spec!r}", hint=err.hint) from None
         elif part in table:
             named = overrides.get("designs", []) + table[part].get("designs", [])
             overrides.update(table[part])
@@ -241,7 +246,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     The tables and the plot go to out_dir (gpt.bench.arena_report).
     """
     from gpt import checkpoint
-    from gpt.bench.arena_report import write_reports
+    from gpt.bench.arena_report import make_out_dir, write_reports
     from gpt.bench.isolate import run_here, run_isolated
     from gpt.data.prepare import prepare
     from gpt.device import resolve_device
@@ -251,6 +256,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
         if (Path(variant.out_dir) / checkpoint.LATEST).exists():
             raise ConfigError(f"{variant.out_dir} already holds a run: the arena trains every variant from scratch",
                               hint="choose another out_dir (or remove that folder)")
+    make_out_dir(Path(cfg.out_dir))  # a read-only or full disk is one error now, not after every variant failed
     prepare(cfg.data, log=log)  # once, before any variant: they all read it
     device = resolve_device(cfg.device.type)
     rows = []

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.report import markdown_table
-from gpt.checkpoint import atomic_write
+from gpt.errors import UserError
+from gpt.files import atomic_write
 
 COLUMNS = ["variant", "params", "val_loss", "val_bpb", "tokens", "tokens_per_s", "peak_mib", "kv_bytes_per_token",
            "decode_tok_s", "train_s", "val_tokens", "steps", "spec", "error"]
@@ -56,15 +57,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             by_seconds.plot([p["seconds"] for p in curve], [p["val"] for p in curve], marker="o", ms=3)
     by_tokens.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="loss against tokens")
     by_seconds.set(xlabel="seconds (training and evaluations)", title="loss against wall-clock time")
-    by_tokens.legend(fontsize=8)
+    if any(row.get("curve") for row in rows):  # every variant failed: no line to name
+        by_tokens.legend(fontsize=8)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), what="the arena's loss plot")
     plt.close(fig)
 
 
-def plot_attention(rows: list[dict[str, Any]], path: Path) -> None:
+def plot_attention(rows: list[dict[str, Any]], path: Path) -> bool:
     """One panel per variant (four to a row): its last layer's attention weights, heads averaged, on the same
-    tokens; one colour scale for all (a square-root scale, so that small weights show; negative ones as 0)."""
+    tokens; one colour scale for all (a square-root scale, so that small weights show; negative ones as 0).
+    False (nothing written) when no variant finished."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,7 +76,7 @@ def plot_attention(rows: list[dict[str, Any]], path: Path) -> None:
 
     shown = [row for row in rows if row.get("attention")]
     if not shown:
-        return
+        return False
     columns = min(4, len(shown))
     rows_n = -(-len(shown) // columns)
     fig, axes = plt.subplots(rows_n, columns, figsize=(2.8 * columns + 0.4, 2.9 * rows_n + 0.5), squeeze=False)
@@ -90,17 +93,27 @@ def plot_attention(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), what="the arena's attention picture")
     plt.close(fig)
+    return True
+
+
+def make_out_dir(out: Path) -> None:
+    """Create the arena's out_dir, or one UserError (a read-only or full disk) before any variant trains."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"could not create out_dir={out}: {err.strerror or err}") from None
 
 
 def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], log: Callable[[str], None]) -> None:
     """arena.md (heading, then the leaderboard), arena.csv, arena_curves.csv and arena_loss.png in ``out``;
     the leaderboard on the console too."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     text = f"{heading}\n\n{leaderboard(rows)}\n"
     atomic_write(out / "arena.md", lambda f: f.write(text.encode()), what="the arena's leaderboard")
     write_csv(out / "arena.csv", COLUMNS, rows, "the arena's table")
     points = [{"variant": r["variant"], **p} for r in rows for p in r.get("curve") or []]
     write_csv(out / "arena_curves.csv", ["variant", "tokens", "seconds", "train", "val"], points, "the loss curves")
     plot(rows, out / "arena_loss.png")
-    plot_attention(rows, out / "arena_attention.png")
-    log(f"\n{text}\nwritten: {out / 'arena.md'}, arena.csv, arena_curves.csv, arena_loss.png, arena_attention.png")
+    drawn = plot_attention(rows, out / "arena_attention.png")
+    log(f"\n{text}\nwritten: {out / 'arena.md'}, arena.csv, arena_curves.csv, arena_loss.png"
+        + (", arena_attention.png" if drawn else ""))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from gpt.data.sources import stdlib_source
+from gpt.validate import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 FILE_MB = 8  # size of each generated JSONL file
@@ -126,7 +127,7 @@ def prepare_once(corpus: Path, work: Path, name: str, threads: int) -> dict:
     """One preparation with ``threads`` threads in a fresh process: wall and work seconds, tokens, peak RSS."""
     wall, rss, out = run_child([sys.executable, "-c", PREPARE.format(
         name=name, path=f"{corpus}/*.jsonl", root=str(work / "data"), num_proc=threads)])
-    meta = json.loads((work / "data" / name / "meta.json").read_text())
+    meta = read_json(work / "data" / name / "meta.json")
     return dict(wall_s=wall, work_s=float(out.split()[-1]), peak=rss,
                 tokens=sum(s["tokens"] for s in meta["splits"].values()))
 

@@ -97,6 +97,17 @@ def run_parts(wanted: list[str], out: Path, args: argparse.Namespace) -> dict[st
     return {name: results[name] for name in wanted}
 
 
+def out_of_range(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numbers given (a NaN or endless budget, a count beyond any machine), or None."""
+    if not (0 < args.budget_s <= 7 * 24 * 3600):  # NaN fails too
+        return f"--budget-s must be a number of seconds in (0, 604800], got {args.budget_s}"
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        return f"--jobs must be in [1, 64], got {args.jobs}"
+    if not 0 <= args.fsdp <= 4096:
+        return f"--fsdp must be in [0, 4096] processes, got {args.fsdp}"
+    return None
+
+
 def fsdp_world(args: argparse.Namespace) -> int:
     """FSDP2's processes: --fsdp N, else one per GPU (none on a CPU)."""
     import torch
@@ -131,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(wanted) - set(PARTS))
     if unknown:
         print(f"error: unknown part(s) {', '.join(unknown)}; valid: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    wrong = out_of_range(args)
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
         return 2
     if args.jobs is None:
         args.jobs = 2 if args.dry_run else 1  # on a GPU one at a time: the timings must not overlap

@@ -13,6 +13,9 @@ TOKENIZERS = ("char", "gpt2")  # by name; any other data.tokenizer is the path o
 SAMPLINGS = ("random", "epoch")
 
 
+MIN_VAL_FRACTION = 1e-6  # one document in a million: the documents before the first held-out one wait in memory
+
+
 @dataclass
 class DataConfig:
     name: str = "stdlib_char"  # folder under `root` that holds the shards and meta.json
@@ -53,8 +56,9 @@ class DataConfig:
         if self.source == "hf" and not self.dataset:
             raise ConfigError("data.dataset must be given with data.source=hf",
                               hint="add data.dataset=<hub name or a folder written by save_to_disk>")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
+        if not MIN_VAL_FRACTION <= self.val_fraction < 1.0:  # a subnormal 1e-310 made 1 / val_fraction infinite
+            raise ConfigError(f"data.val_fraction must be in [{MIN_VAL_FRACTION:g}, 1), got {self.val_fraction}",
+                              hint="every round(1/val_fraction)-th document is held out for validation")
         if self.num_proc is not None and self.num_proc < 1:
             raise ConfigError(f"data.num_proc must be at least 1, got {self.num_proc}",
                               hint="leave it unset to use every core")

@@ -7,12 +7,12 @@ counts it). A malformed line or a missing field is a UserError naming the file a
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from gpt.errors import UserError
+from gpt.validate import parse_json, replace_surrogates
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -31,21 +31,30 @@ def file_format(path: Path, fmt: str) -> str:
     return "text"
 
 
-def read_documents(path: Path, fmt: str, text_field: str, skip_binary: bool) -> Iterator[str]:
+def read_documents(path: Path, fmt: str, text_field: str) -> Iterator[str]:
     """The documents of one file in format ``fmt`` (text, jsonl or parquet)."""
     if fmt == "jsonl":
         return jsonl_documents(path, text_field)
     if fmt == "parquet":
         return parquet_documents(path, text_field)
-    text = read_text(path, skip_binary=skip_binary)
-    return iter(()) if text is None else iter((text,))
+    return iter((read_text(path),))
 
 
-def read_text(path: Path, skip_binary: bool = False) -> str | None:
-    """UTF-8 text of a file; invalid bytes become U+FFFD with a warning. None for binary files if asked."""
-    data = path.read_bytes()
-    if skip_binary and b"\0" in data[:8192]:
-        return None
+def looks_binary(path: Path) -> bool:
+    """Whether a file is binary rather than text: a NUL byte in its first 8 KiB (as git and grep decide)."""
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(8192)
+    except OSError as err:
+        raise UserError(f"{path} cannot be read: {err.strerror or err}") from None
+
+
+def read_text(path: Path) -> str:
+    """UTF-8 text of a file; invalid bytes become U+FFFD with a warning."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"{path} cannot be read: {err.strerror or err}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -54,25 +63,25 @@ def read_text(path: Path, skip_binary: bool = False) -> str | None:
 
 
 def jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
-    """The ``text_field`` of every JSON object of a JSON-lines file; blank lines are ignored."""
+    """The ``text_field`` of every JSON object of a JSON-lines file; blank lines are ignored. Bytes that are not
+    UTF-8, and escapes of lone surrogates (\\ud800: no character), become U+FFFD, with one warning per file."""
     replaced = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError:
                 line, replaced = raw.decode("utf-8", errors="replace"), replaced + 1
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})",
-                                hint="fix or remove that line (one JSON object per line)") from None
-            yield field_text(record, text_field, f"{path}:{lineno}")
+            record = parse_json(line, f"{path}:{lineno}", "fix or remove that line (one JSON object per line)",
+                                strict=False)
+            text, surrogates = replace_surrogates(field_text(record, text_field, f"{path}:{lineno}"))
+            replaced += surrogates
+            yield text
     if replaced:
-        warnings.warn(f"{path}: {replaced} line(s) with bytes that are not UTF-8; they were replaced by U+FFFD",
-                      stacklevel=2)
+        warnings.warn(f"{path}: {replaced} line(s) with bytes that are not UTF-8 or escapes of lone surrogates; "
+                      "they were replaced by U+FFFD", stacklevel=2)
 
 
 def field_text(record: object, text_field: str, where: str) -> str:
@@ -104,8 +113,16 @@ def parquet_documents(path: Path, text_field: str) -> Iterator[str]:
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise UserError(f"{path}: column {text_field!r} holds {kind}, not text",
                         hint="set data.text_field=<a column of strings>")
-    for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
-        for value in batch.column(0).to_pylist():
+    batches = parquet.iter_batches(batch_size=1024, columns=[text_field])
+    while True:
+        try:  # a damaged page or column chunk is found only when its batch is read
+            values = next(batches).column(0).to_pylist()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+            raise UserError(f"{path}: damaged parquet data ({(str(err).splitlines() or [type(err).__name__])[0]})",
+                            hint="the file is truncated or corrupt: copy or write it again") from None
+        for value in values:
             yield value or ""
 
 

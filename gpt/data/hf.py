@@ -15,6 +15,7 @@ from gpt.data.config import DataConfig
 from gpt.data.formats import import_datasets
 from gpt.data.sources import Source, file_entries
 from gpt.errors import UserError
+from gpt.validate import Record, read_json
 
 BATCH_ROWS = 1000
 
@@ -38,13 +39,42 @@ def hf_source(cfg: DataConfig) -> Source:
     return Source("hf", f"Hugging Face dataset {what}", manifest, read)
 
 
+SAVED_HINT = "the folder is damaged or was not written by save_to_disk: save the dataset again"
+
+
+def check_saved(folder: Path, nested: bool = False) -> None:
+    """The JSON files ``save_to_disk`` writes, read with gpt.validate's limits before ``datasets`` trusts them:
+    dataset_dict.json's splits and state.json's data files must be plain names inside the folder (a name like
+    ../other/data.arrow would read a file from elsewhere), dataset_info.json an object."""
+    def plain(name: str, record: Record, field: str) -> None:
+        if name != Path(name).name or name in (".", ".."):
+            raise record.error(f"{field} must name a file or folder inside {folder}, got {name!r}")
+
+    if not nested and (folder / "dataset_dict.json").is_file():
+        index = Record(read_json(folder / "dataset_dict.json", SAVED_HINT), str(folder / "dataset_dict.json"),
+                       SAVED_HINT)
+        for i, split in enumerate(index.list("splits", of=str, nonempty=True)):
+            plain(split, index, f"splits[{i}]")
+            check_saved(folder / split, nested=True)
+        return
+    if not (folder / "state.json").is_file():
+        return  # not a save_to_disk folder at all: load_from_disk says so
+    Record(read_json(folder / "dataset_info.json", SAVED_HINT), str(folder / "dataset_info.json"), SAVED_HINT)
+    state = Record(read_json(folder / "state.json", SAVED_HINT), str(folder / "state.json"), SAVED_HINT)
+    for i, entry in enumerate(state.list("_data_files", of=dict, nonempty=True)):
+        plain(Record(entry, state.where, SAVED_HINT, f"_data_files[{i}]").str("filename"), state,
+              f"_data_files[{i}].filename")
+
+
 def open_local(folder: Path, split: str):
     """The split ``split`` of a dataset folder written by ``save_to_disk`` (a Dataset or a DatasetDict)."""
     datasets = import_datasets()
+    check_saved(folder)
     try:
         loaded = datasets.load_from_disk(str(folder))
-    except (FileNotFoundError, ValueError, OSError) as err:
-        raise UserError(f"{folder} is not a dataset folder written by save_to_disk ({str(err).splitlines()[0]})",
+    except Exception as err:  # damaged arrow or JSON files: datasets and pyarrow raise many unrelated types
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise UserError(f"{folder} is not a readable dataset folder written by save_to_disk ({first})",
                         hint="point data.dataset at a save_to_disk folder or a hub name") from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
@@ -75,7 +105,16 @@ def rows(dataset, text_field: str, what: str) -> Iterator[str]:
     if names is not None and text_field not in names:
         raise UserError(f"{what} has no column {text_field!r} (it has {', '.join(names)})",
                         hint="set data.text_field=<the column that holds the text>")
-    for batch in dataset.iter(batch_size=BATCH_ROWS):
+    batches = dataset.iter(batch_size=BATCH_ROWS)
+    while True:
+        try:  # a damaged file or a dropped connection shows only when its rows are read
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise UserError(f"{what}: its rows could not be read ({type(err).__name__}: {first})",
+                            hint="a local folder is damaged (save it again); a hub dataset needs the network") from None
         for value in batch[text_field]:
             if value is not None and not isinstance(value, str):
                 raise UserError(f"{what}: column {text_field!r} holds {type(value).__name__}, not text",

@@ -1,4 +1,4 @@
-"""One preparation of a data set at a time, and signals that stop a preparation cleanly.
+"""One preparation of a data set at a time (the signals that stop it cleanly: gpt.files).
 
 ``preparation_lock`` holds an exclusive flock on ``<root>/.<name>.lock`` (which names the holder's process)
 while a data set is prepared: a second preparation of the same data waits for the first, saying for which
@@ -8,16 +8,12 @@ process, and then finds its result up to date instead of deleting the first one'
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
 from gpt.errors import UserError
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextmanager
@@ -75,38 +71,3 @@ def same_file(file: TextIO, path: Path) -> bool:
         return os.path.samestat(os.fstat(file.fileno()), os.stat(path))
     except FileNotFoundError:
         return False
-
-
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt("SIGTERM") in the main thread while inside, so it stops like Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done (a few renames that must not be cut in half), then stop the
-    process as they would have: a KeyboardInterrupt raised after the block."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received:
-        raise KeyboardInterrupt(signal.Signals(received[0]).name)

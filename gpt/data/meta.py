@@ -9,7 +9,6 @@ ids in a few small evenly spaced slices of every shard. Each refusal is one User
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from gpt import tokenizer as tok
 from gpt.errors import UserError
+from gpt.validate import Record, read_json
 
 FORMAT_VERSION = 2
 SPLITS = ("train", "val")
@@ -42,10 +42,7 @@ def read_meta(data_dir: Path) -> dict[str, Any] | None:
     path = data_dir / "meta.json"
     if not path.exists():
         return None
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is unreadable ({err})", hint=REBUILD_HINT) from None
+    meta = read_json(path, hint=REBUILD_HINT)
     if not isinstance(meta, dict):
         raise UserError(f"{path} holds a JSON {type(meta).__name__}, not an object", hint=REBUILD_HINT)
     return meta
@@ -59,31 +56,26 @@ def check_version(meta: dict[str, Any], data_dir: Path) -> None:
                         hint="re-prepare it: add data.rebuild=true (or force=true to scripts/prepare.py)")
 
 
-def is_count(value: Any) -> bool:
-    """A non-negative int (JSON booleans excluded)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def check_meta(meta: dict[str, Any], data_dir: Path) -> None:
     """Refuse a meta.json whose schema, types, tokenizer, dtype or split entries are not those preparation writes."""
     path = data_dir / "meta.json"
     check_version(meta, data_dir)
+    record = Record(meta, str(path), REBUILD_HINT)
 
     def fail(problem: str) -> UserError:
-        return UserError(f"{path}: {problem}", hint=REBUILD_HINT)
+        return record.error(problem)
 
     vocab = check_tokenizer(meta.get("tokenizer"), fail)
-    if meta.get("dtype") not in ("uint16", "uint32"):
-        raise fail(f"unknown dtype {meta.get('dtype')!r} (uint16 or uint32)")
-    if np.dtype(meta["dtype"]) != token_dtype(vocab):
-        raise fail(f"dtype {meta['dtype']} is not the {token_dtype(vocab).name} of a {vocab}-token vocabulary")
-    if not isinstance(meta.get("source", {}), dict) or not isinstance(meta.get("source", {}).get("settings", {}), dict):
-        raise fail("the source entry is not an object")
-    splits = meta.get("splits")
-    if not isinstance(splits, dict) or any(not isinstance(splits.get(s), dict) for s in SPLITS):
-        raise fail(f"splits must be an object with {' and '.join(SPLITS)} entries")
+    dtype = record.str("dtype", choices=("uint16", "uint32"))
+    if np.dtype(dtype) != token_dtype(vocab):
+        raise fail(f"dtype {dtype} is not the {token_dtype(vocab).name} of a {vocab}-token vocabulary")
+    source = record.record("source", {})
+    source.record("settings", {})
+    for key in ("description", "fingerprint"):
+        source.str(key, None)
+    splits = record.record("splits")
     for split in SPLITS:
-        check_split(split, splits[split], vocab, fail)
+        check_split(splits.record(split), vocab)
 
 
 def check_tokenizer(entry: Any, fail: Fail) -> int:
@@ -94,24 +86,28 @@ def check_tokenizer(entry: Any, fail: Fail) -> int:
     return entry["vocab_size"]
 
 
-def check_split(split: str, entry: dict[str, Any], vocab: int, fail: Fail) -> None:
+def check_split(entry: Record, vocab: int) -> None:
     """One split's entry: shard names and counts, totals that add up, and its largest token id within ``vocab``."""
-    shards = entry.get("shards")
-    if not isinstance(shards, list) or not shards:
-        raise fail(f"splits.{split}.shards must be a non-empty list")
+    split = entry.field.removeprefix("splits.")
+    shards = entry.list("shards", nonempty=True)
     for i, shard in enumerate(shards):
         if (not isinstance(shard, dict) or not is_count(shard.get("tokens"))
                 or not isinstance(shard.get("file"), str)
                 or not re.fullmatch(rf"{split}_\d{{6}}\.bin", shard["file"])):
-            raise fail(f"splits.{split}.shards[{i}] must be {{\"file\": \"{split}_NNNNNN.bin\", \"tokens\": <count>}}")
+            raise entry.error(f"splits.{split}.shards[{i}] must be {{\"file\": \"{split}_NNNNNN.bin\", "
+                              "\"tokens\": <count>}")
     for key in ("tokens", "bytes", "documents"):
-        if not is_count(entry.get(key)):
-            raise fail(f"splits.{split}.{key} must be a non-negative integer, got {entry.get(key)!r}")
-    if entry["tokens"] != sum(s["tokens"] for s in shards):
-        raise fail(f"splits.{split}.tokens is {entry['tokens']}, its shards hold {sum(s['tokens'] for s in shards)}")
-    top = entry.get("max_token")  # absent in data prepared before it was recorded: the sampled check still runs
-    if top is not None and not (is_count(top) and top < vocab):
-        raise fail(f"splits.{split}.max_token {top!r} is not a token id of the {vocab}-token vocabulary")
+        entry.int(key)
+    if entry.value["tokens"] != sum(s["tokens"] for s in shards):
+        raise entry.error(f"splits.{split}.tokens is {entry.value['tokens']}, its shards hold "
+                          f"{sum(s['tokens'] for s in shards)}")
+    # max_token is absent in data prepared before it was recorded: the sampled check still runs
+    entry.int("max_token", None, high=vocab - 1)
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative int (JSON booleans excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def check_shards(meta: dict[str, Any], data_dir: Path) -> None:

@@ -19,6 +19,7 @@ meta.json (version 2)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,16 +34,17 @@ from typing import Any
 import numpy as np
 
 from gpt import tokenizer as tok
-from gpt.checkpoint import atomic_write
 from gpt.data.config import TOKENIZERS, DataConfig
 from gpt.data.encode import Encoder, every_kth, make_encoder, route, text_bytes
 from gpt.data.hf import hf_source
-from gpt.data.lock import preparation_lock, signals_deferred, sigterm_interrupts
+from gpt.data.lock import preparation_lock
 from gpt.data.meta import FORMAT_VERSION, SPLITS, check_meta, read_meta, token_dtype  # noqa: F401
 from gpt.data.progress import Progress
 from gpt.data.shards import ShardWriter
 from gpt.data.sources import Source, format_source, path_source, stdlib_source, url_source
 from gpt.errors import UserError
+from gpt.files import atomic_write, signals_deferred, sigterm_interrupts
+from gpt.validate import Record, read_json
 
 PROGRESS_FILE = "progress.json"
 CHUNK_CHARS = 1_000_000  # text per chunk: one thread's unit of work (about 0.07 s of GPT-2 BPE)
@@ -219,12 +221,30 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log, choice: str
 
 
 def read_progress(staging: Path, key: str) -> dict[str, Any] | None:
-    """The checkpoint of an interrupted preparation of the same job, if one is in ``staging``."""
-    try:
-        progress = json.loads((staging / PROGRESS_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    """The checkpoint of an interrupted preparation of the same job, if one is in ``staging``; one that is
+    unreadable, damaged or of another job is ignored (the preparation starts over)."""
+    path = staging / PROGRESS_FILE
+    if not path.is_file():
         return None
-    return progress if progress.get("key") == key else None
+    try:
+        progress = Record(read_json(path), str(path))
+        if progress.str("key") != key:
+            return None
+        progress.int("documents_read")
+        progress.int("empty")
+        for split in SPLITS:
+            stats, writer = progress.record("stats").record(split), progress.record("writers").record(split)
+            stats.int("documents")
+            stats.int("bytes")
+            writer.int("current")
+            writer.int("max_token", -1, low=-1)
+            for i, shard in enumerate(writer.list("shards", of=dict)):
+                Record(shard, str(path)).int("tokens")
+                if shard.get("file") != f"{split}_{i:06d}.bin":
+                    return None
+    except UserError:
+        return None
+    return progress.value
 
 
 def make_tokenizer(choice: str | tok.BPETokenizer, source: Source) -> tok.Tokenizer:
@@ -276,6 +296,10 @@ def encode_corpus(cfg: DataConfig, source: Source, tokenizer: tok.Tokenizer, sta
     finally:
         pipeline.stop()
     if not stats["train"]["documents"] and not stats["val"]["documents"]:
+        if source.binary:
+            raise UserError(f"{source.description} holds no text: {len(source.binary)} binary file(s) were skipped "
+                            f"(e.g. {source.binary[0]}) and any others are empty",
+                            hint="point data.path at text files (or data=files for JSONL and parquet)")
         raise UserError(f"{source.description} holds only empty files or documents",
                         hint="point the data source at files with text in them")
     splits = {}
@@ -344,18 +368,25 @@ def save_progress(staging: Path, progress: dict[str, Any]) -> None:
 
 
 def commit(staging: Path, data_dir: Path, meta: dict[str, Any]) -> None:
-    """Move the finished shards into ``data_dir`` and write meta.json last: it marks the folder complete."""
+    """Move the finished shards into ``data_dir`` and write meta.json last: it marks the folder complete.
+
+    The old data stays usable until the new is in place: its files are moved aside (meta.json first), and if
+    any move fails (a file that cannot be replaced, a read-only folder) every file goes back where it was."""
     blob = json.dumps(meta, indent=1, ensure_ascii=False).encode()
     atomic_write(staging / "meta.json", lambda f: f.write(blob), what="prepared data", hint=WRITE_HINT)
-    files = [shard["file"] for split in meta["splits"].values() for shard in split["shards"]]
+    new = [*(shard["file"] for split in meta["splits"].values() for shard in split["shards"]), "meta.json"]
+    aside = staging / "previous"
+    moves: list[tuple[Path, Path]] = []  # done so far, undone in reverse on failure
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        (data_dir / "meta.json").unlink(missing_ok=True)  # incomplete from here until meta.json is back
-        for old in data_dir.glob("*.bin"):
-            if old.name not in files:
-                old.unlink()
-        for name in [*files, "meta.json"]:
-            os.replace(staging / name, data_dir / name)
+        aside.mkdir(exist_ok=True)
+        old = [p for p in [data_dir / "meta.json", *sorted(data_dir.glob("*.bin"))] if p.exists()]
+        for source, target in [*((p, aside / p.name) for p in old), *((staging / n, data_dir / n) for n in new)]:
+            os.replace(source, target)
+            moves.append((source, target))
     except OSError as err:
-        raise UserError(f"could not write prepared data to {data_dir}: {err.strerror or err}",
-                        hint=WRITE_HINT) from None
+        for source, target in reversed(moves):
+            with contextlib.suppress(OSError):
+                os.replace(target, source)
+        raise UserError(f"could not put the prepared data in {data_dir} ({err.filename}: {err.strerror or err}); "
+                        "the data that was there is unchanged", hint=WRITE_HINT) from None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.data.config import DataConfig
-from gpt.data.formats import file_format, read_documents
+from gpt.data.formats import file_format, looks_binary, read_documents
 from gpt.errors import UserError
 
 # Standard-library folders left out: tests (large and repetitive) and third-party packages.
@@ -35,7 +35,7 @@ class Source:
     manifest: dict[str, Any]  # what identifies the corpus, learnt without reading it
     read: Callable[[], Iterator[str]]  # the documents' text, in a fixed order; "" for an empty document
     total: int | None = None  # the number of documents, where known before reading
-    notes: list[str] = field(default_factory=list)
+    binary: list[Path] = field(default_factory=list)  # files the last read() skipped as binary (not text)
     raw: Callable[[], Iterator[tuple[Path, bytes]]] | None = None  # text files: each file's bytes, as stored
 
     def fingerprint(self) -> str:
@@ -60,19 +60,25 @@ def files_source(files: list[Path], base: Path, kind: str, description: str, fmt
     """A Source reading each file in turn with its format's reader."""
 
     def read() -> Iterator[str]:
+        source.binary.clear()
         for path in files:
-            yield from read_documents(path, file_format(path, fmt), text_field, skip_binary)
+            form = file_format(path, fmt)
+            if skip_binary and form == "text" and looks_binary(path):
+                source.binary.append(path)  # skipped: its absence is said if nothing else holds text
+                continue
+            yield from read_documents(path, form, text_field)
 
     manifest = {"kind": kind, "root": str(base.resolve()), "files": file_entries(files, base)}
+
     def raw() -> Iterator[tuple[Path, bytes]]:  # the files read() makes documents of, as they are stored
         for path in files:
-            data = path.read_bytes()
-            if not (skip_binary and b"\0" in data[:8192]):
-                yield path, data
+            if not (skip_binary and looks_binary(path)):
+                yield path, path.read_bytes()
 
     text_only = all(file_format(p, fmt) == "text" for p in files)
-    return Source(kind, description, manifest, read, len(files) if text_only else None,
-                  raw=raw if text_only else None)
+    source = Source(kind, description, manifest, read, len(files) if text_only else None,
+                    raw=raw if text_only else None)
+    return source
 
 
 def stdlib_source() -> Source:
@@ -145,8 +151,10 @@ def download(url: str, target: Path) -> None:
         with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
             while chunk := response.read(1 << 20):
                 out.write(chunk)
-    except OSError as err:
+    except BaseException as err:  # a failed or interrupted download leaves nothing behind
         partial.unlink(missing_ok=True)
+        if not isinstance(err, OSError):
+            raise
         raise UserError(f"could not download {url}: {err}",
                         hint="check the network, or download the file yourself and use data=text data.path=<file>",
                         ) from None

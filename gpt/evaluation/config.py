@@ -9,6 +9,7 @@ from gpt.config import MISSING, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError, check_positive
+from gpt.files import output_path
 
 TASKS = ("heldout", "hellaswag")
 SPLITS = ("val", "train")
@@ -45,8 +46,8 @@ class EvalConfig(ScriptConfig):
             raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
         check_positive(self, "batch_size")
         check_positive(self, "stride", "limit", optional=True)
-        if self.out is not None and not self.out.endswith(".json"):
-            raise ConfigError(f"out must name a .json file, got {self.out!r}", hint="e.g. out=results/eval.json")
+        if self.out is not None:
+            output_path(self.out, "out", suffix=".json")
         if self.data is not None and self.data_dir is not None:
             raise ConfigError("data and data_dir are both given", hint="name the data one way: data=<name> or "
                               "data_dir=<prepared folder>")

@@ -7,7 +7,6 @@ preprocess(ending) scored as the continuation " " + ending; ``acc`` picks the hi
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import urllib.request
@@ -19,10 +18,11 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from gpt.checkpoint import atomic_write
 from gpt.errors import UserError
 from gpt.evaluation.loglik import encode_pair, loglikelihoods
+from gpt.files import atomic_write
 from gpt.tokenizer import Tokenizer
+from gpt.validate import Record, parse_json, shown
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"  # 10,042 examples
 FILE = "hellaswag_val.jsonl"
@@ -54,38 +54,35 @@ def example(doc: dict[str, Any]) -> Example:
 def read(path: Path, limit: int | None = None) -> list[Example]:
     """The examples of a HellaSwag JSONL file (the first ``limit``); a malformed line is named by file and line."""
     examples: list[Example] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if limit is not None and len(examples) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{number}: not valid JSON ({err.msg})",
-                                hint="hellaswag.path takes HellaSwag's JSONL: one JSON object per line") from None
-            examples.append(checked(doc, path, number))
+    hint = "hellaswag.path takes HellaSwag's JSONL: one JSON object per line"
+    try:
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                if limit is not None and len(examples) >= limit:
+                    break
+                if line.strip():
+                    examples.append(checked(parse_json(line, f"{path}:{number}", hint), path, number))
+    except OSError as err:
+        raise UserError(f"{path} cannot be read: {err.strerror or err}") from None
     if not examples:
         raise UserError(f"{path} holds no HellaSwag examples")
     return examples
 
 
 def checked(doc: Any, path: Path, number: int) -> Example:
-    """The example of one parsed line, or a UserError naming the file, the line and what is wrong."""
-    where = f"{path}:{number}"
-    if not isinstance(doc, dict):
-        raise UserError(f"{where}: a line must be a JSON object, got {type(doc).__name__}")
-    missing = [name for name in FIELDS if name not in doc]
-    if missing:
-        raise UserError(f"{where}: missing field {missing[0]!r}", hint=f"each line needs {', '.join(FIELDS)}")
-    try:
-        result = example(doc)
-    except (TypeError, ValueError, AttributeError) as err:
-        raise UserError(f"{where}: malformed example ({err})") from None
-    if not result.choices or not 0 <= result.gold < len(result.choices):
-        raise UserError(f"{where}: label {doc['label']!r} does not index its {len(result.choices)} endings")
-    return result
+    """The example of one parsed line, or a UserError naming the file, the line and the field that is wrong:
+    texts are strings, endings a non-empty list of strings, the label an integer (the Hugging Face copy writes it
+    as a string of digits) indexing the endings; 1.7 is not a label."""
+    record = Record(doc, f"{path}:{number}", f"each line needs {', '.join(FIELDS)}", what="the line")
+    for name in ("activity_label", "ctx_a", "ctx_b"):
+        record.str(name)
+    endings = record.list("endings", of=str, nonempty=True)
+    label = record.get("label")
+    if isinstance(label, str) and label.isascii() and label.isdigit() and len(label) < 5:
+        label = int(label)
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(endings):
+        raise record.error(f"label {shown(record.get('label'))} does not index its {len(endings)} endings")
+    return example({**doc, "label": label})
 
 
 def locate(path: str | None, cache_dir: str) -> Path:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from gpt import checkpoint, pretrained
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.errors import UserError
+from gpt.files import load_archive
 from gpt.tokenizer import Tokenizer, describe
+from gpt.validate import Record
 
 
 def recorded_data_dir(ckpt: str) -> Path | None:
@@ -23,11 +23,13 @@ def recorded_data_dir(ckpt: str) -> Path | None:
         from gpt.sharded_checkpoint import META
 
         path = path / META
-    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
-    data = (payload.get("config") or {}).get("data") if isinstance(payload, dict) else None
-    if not isinstance(data, dict) or "name" not in data:
+    payload = load_archive(path, mmap=True)  # tensors stay on disk
+    config = payload.get("config") if isinstance(payload, dict) else None
+    if not isinstance(config, dict) or "data" not in config:
         return None
-    return Path(data.get("root") or "data") / data["name"]
+    data = Record(config, str(path), "the checkpoint is damaged: pass data_dir=<prepared data folder>",
+                  "config").record("data")
+    return Path(data.str("root", None) or "data") / data.str("name")
 
 
 def data_dir(data: DataConfig | None, folder: str | None, ckpt: str) -> Path:

@@ -27,8 +27,8 @@ from tqdm import tqdm
 from gpt.decoding import stream
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.evaluation.loglik import Pair, encode_pair, loglikelihoods
-from gpt.generate import TextStream
 from gpt.pretrained import load_model
+from gpt.text import TextStream
 
 
 @register_model("gpt-attention")

@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from gpt.checkpoint import atomic_write
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import ConfigError, UserError
 from gpt.evaluation import hellaswag
 from gpt.evaluation.config import EvalConfig
 from gpt.evaluation.heldout import full_pass
 from gpt.evaluation.inputs import open_data
+from gpt.files import atomic_write
 from gpt.model import GPT
 from gpt.pretrained import load_model
 from gpt.tokenizer import Tokenizer

@@ -29,7 +29,6 @@ from gpt.designs import registry as designs
 from gpt.device import PRECISIONS
 from gpt.errors import ConfigError, check_positive
 from gpt.kv_cache import LayerKV
-from gpt.train.config import TrainConfig
 
 MEMORY_EFFICIENT_KERNELS = ("sdpa", "flex")  # never hold the T x T scores (flash / fused kernels)
 RESERVED = 2**30  # CUDA context, cuBLAS workspaces and allocator slack, kept out of every GPU's budget
@@ -175,10 +174,25 @@ def parse_bytes(text: str) -> int:
     if not match or unit not in GB_UNITS:
         raise ConfigError(f"gpu_memory={text!r} is not an amount of memory", hint="write e.g. gpu_memory=80GB")
     try:
-        return int(float(match.group(1)) * GB_UNITS[unit])
+        amount = float(match.group(1)) * GB_UNITS[unit]
     except ValueError:
         raise ConfigError(f"gpu_memory={text!r} is not an amount of memory",
                           hint="write e.g. gpu_memory=80GB") from None
+    if not math.isfinite(amount) or amount >= 2**63:  # 1e400GB is no amount either
+        raise ConfigError(f"gpu_memory={text!r} is beyond any amount of memory", hint="write e.g. gpu_memory=80GB")
+    return int(amount)
+
+
+@dataclass
+class PlannedTraining:
+    """The ``train.*`` settings a plan depends on (the training command's others change no byte of it)."""
+
+    batch_size: int = 32  # sequences per micro-step
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward
+    fsdp: bool = False  # shard weights, gradients and AdamW state over world_size GPUs
+
+    def __post_init__(self) -> None:
+        check_positive(self, "batch_size", prefix="train.")
 
 
 @dataclass
@@ -186,7 +200,7 @@ class MemoryConfig(ScriptConfig):
     """python -m gpt.memory (configs/memory.yaml): the run to plan, in the training configs' own groups."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)  # batch_size, fsdp, activation_checkpointing
+    train: PlannedTraining = field(default_factory=PlannedTraining)
     precision: str = "bf16"  # fp32 | bf16 | fp16 (auto means bf16: the planner plans for GPUs)
     world_size: int = 1  # processes (GPUs) of the run: FSDP shards the weights and AdamW state over them
     gpu_memory: Optional[str] = None  # e.g. 80GB or 24GiB: also print the largest micro-batch that fits

@@ -22,10 +22,10 @@ from torch import Tensor
 
 from gpt.decoding import decode_step, left_pad, prefill, slide
 from gpt.errors import UserError
-from gpt.generate import TextStream
 from gpt.kv_cache import KVCache
 from gpt.model import GPT
 from gpt.sampling import sample_rows
+from gpt.text import TextStream
 from gpt.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")

@@ -15,6 +15,7 @@ from gpt.config import MISSING, ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError
+from gpt.files import output_path
 
 
 @dataclass
@@ -87,3 +88,7 @@ class RunConfig(ScriptConfig):
             raise ConfigError(f"seed must be in [0, 2**31), got {self.seed}")
         if self.init_path is not None and self.init_from is None:
             raise ConfigError("init_path is given but init_from is not", hint="add init_from=gpt2 (or another size)")
+        for name in ("init_from", "init_path"):  # an empty value must not mean "from scratch" or "download"
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ConfigError(f"{name} is empty", hint=f"give {name}=<a path or name>, or leave it out (null)")
+        output_path(self.out_dir, "out_dir", folder=True)  # never the current folder, never below a file

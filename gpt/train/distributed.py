@@ -119,6 +119,21 @@ def run_worker(entry: Callable[[], Any]) -> NoReturn:
     os._exit(code)
 
 
+def on_main(fn: Callable[[], Any], ranks: Ranks) -> Any:
+    """Rank 0's result of ``fn`` (run there alone), on every rank; a UserError there stops every rank alike (an
+    AbortRun raised on each). The broadcast is also a barrier."""
+    result = None
+    if ranks.is_main:
+        try:
+            result = fn()
+        except UserError as err:
+            result = AbortRun(str(err), err.hint)
+    result = broadcast(result, ranks)
+    if isinstance(result, AbortRun):
+        raise result
+    return result
+
+
 def barrier(ranks: Ranks) -> None:
     if ranks.enabled:
         dist.barrier()

@@ -7,10 +7,12 @@ method does nothing, so the training code never asks which rank it is on to log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,8 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from gpt.checkpoint import atomic_write
 from gpt.errors import UserError
+from gpt.files import atomic_write
 from gpt.train import visuals
 
 SUMMARY_FILE = "summary.json"
@@ -43,6 +45,14 @@ class Summary:
     resume_command: str = ""
     final_val_ppl: float | None = None  # exp(final_val_loss)
     final_val_bpb: float | None = None  # final_val_loss in bits per UTF-8 byte (estimated from meta.json's counts)
+
+
+def _quiet_event_thread(args: Any) -> None:
+    """threading.excepthook while a run records: TensorBoard's writer thread, stopped by a full or read-only disk,
+    prints no traceback (the main thread meets the same error at its next write and reports it in one line)."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    threading.__excepthook__(args)
 
 
 def record_config(run_dir: Path, config: dict[str, Any], overrides: list[str], resumed: bool) -> None:
@@ -70,6 +80,7 @@ class RunRecords:
         self.writer = None  # TensorBoard's SummaryWriter once open
         self.interactive = enabled and sys.stderr.isatty()
         self._bar: tqdm | None = None
+        self._excepthook: Callable[[Any], Any] | None = None  # the one replaced while TensorBoard writes
 
     def open(self, config: dict[str, Any], overrides: list[str], resumed: bool, step: int, max_iters: int) -> None:
         """Once the run's checks have passed: record the config, start train.log, TensorBoard and the progress bar."""
@@ -79,9 +90,11 @@ class RunRecords:
 
         record_config(self.run_dir, config, overrides, resumed)
         self._log_file = self.run_dir / "train.log"
-        # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
-        self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=step + 1 if resumed else None)
-        visuals.log_config(self.writer, config)
+        self._excepthook, threading.excepthook = threading.excepthook, _quiet_event_thread
+        with self._events():
+            # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
+            self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=step + 1 if resumed else None)
+            visuals.log_config(self.writer, config)
         self._bar = tqdm(total=max_iters, initial=step, disable=not self.interactive, unit="step", dynamic_ncols=True)
 
     def log(self, message: str) -> None:
@@ -107,14 +120,27 @@ class RunRecords:
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """TensorBoard scalars at ``step`` (None values are left out)."""
         if self.writer is not None:
-            for tag, value in values.items():
-                if value is not None:
-                    self.writer.add_scalar(tag, value, step)
+            with self._events():
+                for tag, value in values.items():
+                    if value is not None:
+                        self.writer.add_scalar(tag, value, step)
 
     def pictures(self, draw: Callable[[Any], None]) -> None:
         """Let ``draw(writer)`` add texts and figures to TensorBoard (rank 0 only)."""
         if self.writer is not None:
-            draw(self.writer)
+            with self._events():
+                draw(self.writer)
+
+    @contextlib.contextmanager
+    def _events(self) -> Iterator[None]:
+        """TensorBoard's writes: a full or read-only disk (met by its writer thread, raised again on the next call)
+        is one UserError, and the events file is written no further."""
+        try:
+            yield
+        except OSError as err:
+            self.writer = None
+            raise UserError(f"could not write TensorBoard events in {self.run_dir}: {err.strerror or err}",
+                            hint="free disk space; the checkpoints written so far are unchanged") from None
 
     def progress(self, line: str, **postfix: str) -> None:
         """A step's figures: on the progress bar when interactive, else as a log line."""
@@ -132,9 +158,18 @@ class RunRecords:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        writer, self.writer = self.writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        except OSError as err:
+            if summary is not None:  # a finishing run says so; a run already stopping by an error keeps its own
+                self.writer = writer
+                with self._events():
+                    raise err
+        finally:
+            if self._excepthook is not None:
+                threading.excepthook, self._excepthook = self._excepthook, None
         if self.enabled and summary is not None:
             text = json.dumps({**asdict(summary), "ckpt": str(summary.ckpt), **(context or {})}, indent=2) + "\n"
             atomic_write(self.run_dir / SUMMARY_FILE, lambda f: f.write(text.encode()), what="the run's summary")

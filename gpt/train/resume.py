@@ -14,9 +14,11 @@ from gpt import checkpoint
 from gpt import sharded_checkpoint as sharded
 from gpt.config import GPTConfig
 from gpt.errors import UserError
+from gpt.files import load_archive
 from gpt.tokenizer import describe
 from gpt.train.distributed import env_local_world_size, env_world_size
 
+RUN_FILES = (checkpoint.LATEST, checkpoint.BEST, "summary.json", "train.log")  # the files a run writes
 TRAINING_ENTRIES = ("optimizer", "rng", "data", "step")  # without them a checkpoint can be sampled, not resumed
 
 
@@ -52,6 +54,7 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     if missing:
         raise UserError(f"{path} holds no training state ({', '.join(missing)} missing), so it cannot be resumed",
                         hint="it can still be sampled from with scripts/generate.py")
+    checkpoint.read_model(state, path)  # its entries' types and the weights' shapes, before comparing them
     diffs = model_config.shape_differences(state["model_config"])
     if diffs:
         raise UserError(f"cannot resume {path} with a model of another shape: {'; '.join(diffs)}",
@@ -59,11 +62,10 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     if state.get("tokenizer") != tokenizer:
         raise UserError(f"cannot resume {path}: its tokenizer ({_describe(state.get('tokenizer'))}) is not the data's "
                         f"({_describe(tokenizer)})", hint="resume with the data.* settings the run was trained with")
-    checkpoint.read_model(state, path)
     check_training_entries(state, path)
     if "sharded" in state:
         del state["model"]  # its shapes are checked; every rank reads its own part of the tensors
-    before, now = flatten(state.get("config", {})), flatten(config)
+    before, now = flatten(state.get("config") if isinstance(state.get("config"), dict) else {}), flatten(config)
     changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
     if changed:
@@ -74,7 +76,7 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
 def sharded_state(folder: Path) -> dict[str, Any]:
     """A sharded step folder's training entries (meta.pt) with its model tensors' names and shapes (on the meta
     device: checked like a whole checkpoint's, read later by every rank) and the folder to read them from."""
-    state = checkpoint.load_archive(folder / sharded.META)
+    state = load_archive(folder / sharded.META)
     if not isinstance(state, dict):
         raise UserError(f"{folder / sharded.META} is not a checkpoint written by this framework")
     state["model"] = {name: torch.empty(size, dtype=dtype, device="meta")
@@ -118,6 +120,10 @@ def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
                  config: dict[str, Any], lock: checkpoint.FolderLock,
                  log: Callable[[str], None]) -> dict[str, Any] | None:
     """Rank 0: the state to resume from (None: afresh), with run_dir created, writable and locked for this run."""
+    for name in RUN_FILES:  # refused now, not when the first save fails after training
+        if (run_dir / name).exists() and not (run_dir / name).is_file():
+            raise UserError(f"{run_dir / name} is a folder, where the run writes its {name} file",
+                            hint="move it away, or choose another out_dir")
     state = resume_state(run_dir, resume, model_config, tokenizer, config, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ from gpt import sharded_checkpoint as sharded
 from gpt.checkpoint import BEST
 from gpt.config import GPTConfig
 from gpt.data.sampler import Sampler
-from gpt.errors import UserError
 from gpt.train import distributed, parallelize
 from gpt.train.distributed import AbortRun, Ranks
 
@@ -171,15 +170,7 @@ class Checkpointer:
 
     def _main_writes(self, write: Callable[[], None]) -> None:
         """Run ``write`` on rank 0; a UserError there stops every rank (the broadcast is also a barrier)."""
-        error = None
-        if self.ranks.is_main:
-            try:
-                write()
-            except UserError as err:
-                error = AbortRun(str(err), err.hint)
-        error = distributed.broadcast(error, self.ranks)
-        if error is not None:
-            raise error
+        distributed.on_main(write, self.ranks)
 
 
 def _fresh_folder(folder: Path) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from gpt.errors import UserError
 from gpt.train.records import SUMMARY_FILE
+from gpt.validate import Record, read_json
 
+NUMBERS = ("final_train_loss", "final_val_loss", "final_val_ppl", "final_val_bpb", "tokens_per_sec",
+           "peak_memory_bytes", "wall_s")  # the summary fields the table shows, each a number or null
 COLUMNS = ("run", "overrides", "train loss", "val loss", "val ppl", "val bpb", "tokens/s", "peak memory", "wall time")
 
 
@@ -30,9 +33,16 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     """The summary.json of every job folder under a sweep directory, in job order."""
     rows = []
     for path in sorted(sweep_dir.glob(f"*/{SUMMARY_FILE}"), key=lambda p: (len(p.parent.name), p.parent.name)):
-        record = json.loads(path.read_text())
-        record["run"] = path.parent.name
-        rows.append(record)
+        try:
+            record = Record(read_json(path), str(path))
+            for key in NUMBERS:
+                record.number(key, None)
+            record.list("overrides", [], of=str)
+            record.bool("interrupted", False)
+        except UserError as err:  # a damaged or foreign summary: the table goes on without it
+            print(f"warning: left out of the sweep table: {err}")
+            continue
+        rows.append({**record.value, "run": path.parent.name})
     return rows
 
 
@@ -49,9 +59,9 @@ def table(rows: list[dict[str, Any]], common: set[str] | None = None) -> str:
             _loss(r.get("final_val_loss")),
             _number(r.get("final_val_ppl"), ".2f"),
             _loss(r.get("final_val_bpb")),
-            f"{r.get('tokens_per_sec', 0):,.0f}",
+            f"{r.get('tokens_per_sec') or 0:,.0f}",
             _mib(r.get("peak_memory_bytes")),
-            f"{r.get('wall_s', 0):.1f}s" + (" (interrupted)" if r.get("interrupted") else ""),
+            f"{r.get('wall_s') or 0:.1f}s" + (" (interrupted)" if r.get("interrupted") else ""),
         ]
         for r in rows
     ]

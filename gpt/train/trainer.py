@@ -131,16 +131,7 @@ class Trainer:
 
     def _on_main(self, fn: Callable[[], Any]) -> Any:
         """Rank 0's result of ``fn``, on every rank; a UserError there stops every rank."""
-        result = None
-        if self.ranks.is_main:
-            try:
-                result = fn()
-            except UserError as err:
-                result = AbortRun(str(err), err.hint)
-        result = distributed.broadcast(result, self.ranks)
-        if isinstance(result, AbortRun):
-            raise result
-        return result
+        return distributed.on_main(fn, self.ranks)
 
     def train(self, overrides: list[str], script: str) -> Summary:
         """Evaluate when due and step until max_iters or a stop signal; then the summary and a sample."""
