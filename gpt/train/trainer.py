@@ -20,11 +20,11 @@ import torch
 from gpt import attention, checkpoint
 from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import UserError
-from gpt.train import build, distributed, metrics, parallelize, visuals
+from gpt.train import build, distributed, metrics, optim, parallelize, visuals
 from gpt.train.config import RunConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.evaluate import estimate_loss, val_metrics
-from gpt.train.optim import learning_rate
+from gpt.train.optim import learning_rate, set_learning_rate
 from gpt.train.records import RunRecords, Summary
 from gpt.train.resume import open_run_dir, resume_command
 from gpt.train.signals import SignalGuard
@@ -176,7 +176,8 @@ class Trainer:
             f"context {c.block_size}, attention={c.attention}); "
             f"device {self.device} x {world} ({self.precision}{fused})\n"
             f"batch: {train.batch_size} sequences x {train.grad_accum} micro-steps x {world} process(es) "
-            f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step"
+            f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step\n"
+            + optim.describe(self.state.model, train)
         )
 
     def evaluation_due(self) -> bool:
@@ -213,8 +214,7 @@ class Trainer:
         """One optimizer step: grad_accum micro-steps, clipping, one agreement of all ranks, the update."""
         started, state = time.time(), self.state
         lr = learning_rate(state.step, self.train_config)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(state.optimizer, lr, self.train_config)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.train_config.grad_accum):
             loss_sum += self.forward_backward(last=micro == self.train_config.grad_accum - 1)
