@@ -95,6 +95,7 @@ class RunConfig:
     resume: bool = False  # continue the run in out_dir from its ckpt.pt
     init_from: Optional[str] = None  # start from weights: gpt2* (OpenAI's), a run directory, .pt file or export
     init_path: Optional[str] = None  # with init_from=gpt2*: a local Hugging Face folder or .safetensors file
+    decay_from: Optional[str] = None  # schedule=wsd: decay from this checkpoint of a stable phase (gpt.train.decay)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -103,3 +104,6 @@ class RunConfig:
             raise ConfigError(f"seed must be in [0, 2**31), got {self.seed}")
         if self.init_path is not None and self.init_from is None:
             raise ConfigError("init_path is given but init_from is not", hint="add init_from=gpt2 (or another size)")
+        if self.decay_from is not None and self.init_from is not None:
+            raise ConfigError("decay_from and init_from cannot be combined: decay_from continues a run's whole "
+                              "training state", hint="drop init_from")
