@@ -156,13 +156,14 @@ def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
 
 def decay_command(overrides: list[str], kept: Path, out_dir: Path, script: str) -> str:
     """The command line that finishes a model from a kept checkpoint of this WSD run (gpt.train.decay)."""
-    return _command(overrides, script, [f"decay_from={kept}", f"out_dir={out_dir}"])
+    return _command(overrides, script, [f"decay_from={kept}", f"out_dir={out_dir}"],
+                    drop=("train.max_iters", "train.keep_checkpoints"))
 
 
-def _command(overrides: list[str], script: str, pinned: list[str]) -> str:
+def _command(overrides: list[str], script: str, pinned: list[str], drop: tuple[str, ...] = ()) -> str:
     """This launch's command (python, or torchrun with its process counts) with the overrides, those of ``pinned``'s
-    keys (and resume, decay_from) replaced by ``pinned``."""
-    replaced = {"out_dir", "resume", "decay_from"} | {p.split("=", 1)[0] for p in pinned}
+    keys (and resume, decay_from, ``drop``) replaced by ``pinned``."""
+    replaced = {"out_dir", "resume", "decay_from", *drop} | {p.split("=", 1)[0] for p in pinned}
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in replaced]
     world = env_world_size()
     if world > 1:

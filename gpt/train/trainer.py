@@ -174,14 +174,17 @@ class Trainer:
         return self.finish(interrupted_by, overrides, resume_command(overrides, self.run_dir, script))
 
     def say_decay_command(self, overrides: list[str], script: str) -> None:
-        """How to finish a model from the latest kept checkpoint of this WSD run (any other one alike)."""
-        kept = sorted((self.run_dir / checkpoint.KEPT).glob("step-*"))
-        if kept:
-            step = int(kept[-1].name.split("-")[1].split(".")[0])
-            command = decay_command(overrides, kept[-1], self.run_dir.with_name(f"{self.run_dir.name}-decay{step}"),
+        """How to finish a model from a kept checkpoint of this WSD run's stable phase (the latest one)."""
+        train = self.train_config
+        stable_end = train.max_iters - optim.decay_iters(train.max_iters, train.decay_frac)
+        kept = {int(path.name[5:13]): path for path in (self.run_dir / checkpoint.KEPT).glob("step-*")}
+        stable = [step for step in kept if train.warmup_iters <= step <= stable_end]
+        if stable:
+            step = max(stable)
+            command = decay_command(overrides, kept[step], self.run_dir.with_name(f"{self.run_dir.name}-decay{step}"),
                                     script)
-            self.records.log(f"kept {len(kept)} checkpoints in {kept[-1].parent}; decay one into a finished model "
-                             f"(the step in its name sets where the decay starts), e.g.:\n{command}")
+            self.records.log(f"kept {len(kept)} checkpoints in {kept[step].parent}; decay one of the stable phase "
+                             f"into a finished model (its step is where the decay starts), e.g.:\n{command}")
 
     def describe(self) -> str:
         c, train, world = self.model_config, self.train_config, self.ranks.world_size
