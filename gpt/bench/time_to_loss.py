@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpt.errors import ConfigError, UserError, check_positive
+from gpt.train import recipe as training_recipes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-RECIPES = ROOT / "configs" / "recipe"
 
 
 @dataclass
@@ -44,10 +44,8 @@ class TimeToLossConfig:
         check_positive(self, "eval_interval", "timeout_s")
         if not self.recipes or not self.seeds:
             raise ConfigError("recipes and seeds must each name at least one", hint="e.g. recipes=[gpt2,modern]")
-        known = sorted(p.stem for p in RECIPES.glob("*.yaml"))
-        for recipe in self.recipes:
-            if recipe not in known:
-                raise ConfigError(f"unknown recipe {recipe!r}", hint=f"recipes: {', '.join(known)}")
+        for name in self.recipes:
+            training_recipes.settings(name)
         if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"a recipe or seed is named twice: recipes={self.recipes}, seeds={self.seeds}")
         if self.target is not None and not (math.isfinite(self.target) and self.target > 0):
