@@ -4,10 +4,12 @@ straight WSD run ends."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ import torch
 
 import conftest
 from conftest import ROOT
+from gpt.errors import UserError
+from gpt.train import decay
+from gpt.train.config import RunConfig, TrainConfig
 from gpt.train.decay import decayed_length
 from test_fsdp import KILL_BEFORE_COMMIT_AT_STEP_6, full_state, losses
 from test_training import assert_same, env, final_state, load, start, wait_for
@@ -72,20 +77,24 @@ def test_decaying_from_a_kept_stable_checkpoint_ends_as_the_straight_wsd_run(dat
     for key, tensor in straight["model"].items():  # on one CPU it is the same run, bit for bit
         assert torch.equal(ours["model"][key], tensor), key
 
+    # refusals: one line, exit 2, nothing written
+    first = kept / "step-00000000.pt"
+    refused = subprocess.run([sys.executable, str(SCRIPT), *MODERN, *data_args, f"decay_from={first}",
+                              f"out_dir={tmp_path / 'refused'}"], cwd=ROOT, env=env(), capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert refused.stderr.startswith(f"error: {first} was saved at step 0, inside the warmup (train.warmup_iters=2)")
+    assert not (tmp_path / "refused").exists()
+    run = RunConfig(train=TrainConfig(schedule="wsd", warmup_iters=2), decay_from=str(kept / "step-00000008.pt"))
+    for change, message in [({"schedule": "cosine"}, "decay_from needs train.schedule=wsd (this run's is cosine)"),
+                            ({"decay_frac": 1.0}, "decay_from needs train.decay_frac below 1")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            decay.plan(replace(run, train=replace(run.train, **change)), log=print)
+    with pytest.raises(UserError, match="does not exist"):
+        decay.plan(replace(run, decay_from=str(tmp_path / "nowhere")), log=print)
+    assert decay.plan(run, log=print)[0].train.max_iters == length
 
-def test_decay_from_refuses_a_checkpoint_inside_the_warmup_and_another_schedule(data_args, tmp_path):
-    train(*data_args, "train.max_iters=4", "train.keep_checkpoints=true", f"out_dir={tmp_path / 'stable'}")
-    first = tmp_path / "stable" / "checkpoints" / "step-00000000.pt"
-    for extra, message in [
-        ([f"decay_from={first}"], f"error: {first} was saved at step 0, inside the warmup (train.warmup_iters=2)"),
-        ([f"decay_from={first}", "train.schedule=cosine"], "error: decay_from needs train.schedule=wsd"),
-        ([f"decay_from={tmp_path / 'nowhere'}"], f"error: decay_from={tmp_path / 'nowhere'} does not exist"),
-    ]:
-        result = subprocess.run([sys.executable, str(SCRIPT), *MODERN, *data_args, *extra,
-                                 f"out_dir={tmp_path / 'out'}"], cwd=ROOT, env=env(), capture_output=True, text=True,
-                                timeout=300)
-        assert result.returncode == 2 and result.stderr.startswith(message), result.stderr[-2000:]
-        assert "Traceback" not in result.stderr
+
 
 
 FSDP_MODERN = [a for a in MODERN if not a.startswith("train.eval_interval")] + [
