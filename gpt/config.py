@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Optional
 from gpt import attention
 from gpt.errors import ConfigError
 
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
 POS_EMBEDDINGS = ("learned", "rope", "alibi")
 LINEAR_FEATURES = ("elu1",)  # feature maps of model.linear_attn (gpt.attention.linear)
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
@@ -30,6 +31,9 @@ class GPTConfig:
     vocab_size: int = 50257
     dropout: float = 0.0
     bias: bool = True
+    activation: str = "gelu_tanh"  # the MLP's: gelu_tanh (GPT-2's) | gelu (exact) | relu2 (ReLU squared)
+    tie_head: bool = True  # the output head is the token embedding (GPT-2); false: a head of its own
+    zero_init_proj: bool = False  # the blocks' output projections (c_proj) start at zero, not GPT-2's scaled normal
     attention: str = "sdpa"
     n_kv_head: Optional[int] = None  # key/value heads: None = n_head (GPT-2); fewer = grouped-query; 1 = multi-query
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
@@ -47,7 +51,7 @@ class GPTConfig:
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew.
     RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window",
-                                                 "sink_tokens")
+                                                 "sink_tokens", "zero_init_proj")
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -79,6 +83,7 @@ class GPTConfig:
         self._check_variants()
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        self._check_core_options()
         if self.attention not in attention.available():
             raise ConfigError(
                 f"unknown attention kernel {self.attention!r}; valid: {', '.join(attention.available())}"
@@ -201,6 +206,14 @@ class GPTConfig:
         if self.attn_sink:
             wanted["sink"] = ("model.attn_sink=true", "model.attn_sink=false")
         return wanted
+
+    def _check_core_options(self) -> None:
+        """The MLP's activation and the head's and projections' switches."""
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        for name in ("tie_head", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:

@@ -69,6 +69,9 @@ def check_representable(config: GPTConfig) -> None:
         "linear_attn": (config.linear_attn is not None, "causal linear attention (a feature map, no softmax)"),
         "mla_latent": (config.mla_latent is not None,
                        "multi-head latent attention (keys and values up-projected from a shared latent)"),
+        "activation": (config.activation != "gelu_tanh",
+                       f"a {config.activation} MLP (the exported GPT-2 config has the tanh GELU, gelu_new)"),
+        "tie_head": (not config.tie_head, "an output head of its own (GPT-2's is the token embedding)"),
     }
     for name, (unrepresentable, what) in options.items():
         if unrepresentable:

@@ -88,7 +88,8 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
     out = Path(out_dir).expanduser()
     hf.check_out_dir(out, overwrite)
     if format == "native":
-        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()
+                   if k != "lm_head.weight" or not config.tie_head}  # a tied head is wte: written once
         meta = {"format": EXPORT_FORMAT, "model_config": config.to_dict(), "tokenizer": tokenizer}
         hf.write_folder(out, tensors, {"format": EXPORT_FORMAT},
                         {"config.json": json.dumps(meta, indent=1, ensure_ascii=False)})
@@ -122,8 +123,9 @@ def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
         raise UserError(f"{path / 'config.json'}: model_config and tokenizer must be objects",
                         hint="the file was edited or damaged: export the model again")
     state = hf.load_safetensors(path / hf.WEIGHTS)
-    state["lm_head.weight"] = state["transformer.wte.weight"]
     config = GPTConfig.from_dict(meta["model_config"])
+    if config.tie_head and "transformer.wte.weight" in state:  # an untied head's own tensor is in the file
+        state["lm_head.weight"] = state["transformer.wte.weight"]
     hf.check_shapes(state, config, path)
     return config, state, meta["tokenizer"]
 

@@ -18,7 +18,7 @@ from gpt.errors import ConfigError
 from gpt.train.config import TrainConfig
 
 FOLDER = Path(__file__).resolve().parent.parent.parent / "configs" / "recipe"
-RECIPE_MODEL_FIELDS: tuple[str, ...] = ()  # the model options a recipe may set (none are the attention design's)
+RECIPE_MODEL_FIELDS = ("activation", "tie_head", "zero_init_proj")  # what a recipe may set of the model (no design)
 
 
 def names() -> list[str]:
