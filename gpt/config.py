@@ -1,28 +1,30 @@
 """GPTConfig: the model's architecture, validated on construction so a bad value fails early and clearly.
 
-Also the model's config group as the scripts see it (ModelConfig: vocab_size may come from the data) and
-the attention group (AttentionConfig).
+Also the model's config group as the scripts see it (ModelConfig: vocab_size may come from the data), the
+attention group (AttentionConfig), written into it, and what every script's config shares (ScriptConfig).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import MISSING as NO_DEFAULT
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, Optional
 
 from gpt import attention
+from gpt.designs import registry as designs
 from gpt.errors import ConfigError
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
-POS_EMBEDDINGS = ("learned", "rope", "alibi")
-LINEAR_FEATURES = ("elu1",)  # feature maps of model.linear_attn (gpt.attention.linear)
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
 @dataclass
 class GPTConfig:
-    """Shape of a GPT-2 style model. Defaults are GPT-2 small (124M)."""
+    """Shape of a GPT-2 style model. Defaults are GPT-2 small (124M).
+
+    The fields after ``window`` belong to the attention designs (gpt.designs), which check them: each built-in
+    design's switch and settings, then the designs a user brought by name and their options.
+    """
 
     n_layer: int = 12
     n_head: int = 12
@@ -47,11 +49,13 @@ class GPTConfig:
     linear_attn: Optional[str] = None  # causal linear attention with this feature map (elu1); None = softmax
     mla_latent: Optional[int] = None  # multi-head latent attention: keys and values from a latent of this width
     mla_rope_dim: Optional[int] = None  # MLA's decoupled rotary features per query and key; None = head_dim/2 (even)
+    designs: list[str] = field(default_factory=list)  # designs brought by the user, by name (docs/designs.md)
+    design_options: dict[str, Any] = field(default_factory=dict)  # their settings (defaults filled in)
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
-    # fine-tuned run, or a sampling session, may set them anew.
+    # fine-tuned run, or a sampling session, may set them anew (designs declare theirs: Design.runtime).
     RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window",
-                                                 "sink_tokens", "zero_init_proj")
+                                                 "zero_init_proj")
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -75,137 +79,11 @@ class GPTConfig:
         window = self.window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
             raise ConfigError(f"model.window must be a positive integer or null, got {self.window!r}")
-        if self.pos_embedding not in POS_EMBEDDINGS:
-            raise ConfigError(f"model.pos_embedding must be one of {', '.join(POS_EMBEDDINGS)}, "
-                              f"got {self.pos_embedding!r}")
-        if self.pos_embedding == "rope" and self.head_dim % 2 != 0:
-            raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {self.head_dim}")
-        self._check_variants()
+        self._check_designs()
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
         self._check_core_options()
-        if self.attention not in attention.available():
-            raise ConfigError(
-                f"unknown attention kernel {self.attention!r}; valid: {', '.join(attention.available())}"
-            )
-        if self.attention_backend is not None and self.attention_backend not in attention.backends(self.attention):
-            valid = attention.backends(self.attention)
-            raise ConfigError(
-                f"attention.backend={self.attention_backend} is not a backend of attention={self.attention}; "
-                + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
-            )
-        wanted = {}  # the kernel options this shape needs, checked against what the kernel declares
-        if self.window is not None:
-            wanted["window"] = (f"model.window={self.window}", "model.window=null")
-        if self.n_kv_head != self.n_head:
-            wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
-        wanted.update(self._variant_options())
-        attention.check_options(self.attention, wanted)
-
-    def _check_variants(self) -> None:
-        """The attention variants' own values (which kernels can compute them is checked with the others)."""
-        for name in ("qk_norm", "attn_sink", "diff_attn"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
-        cap = self.attn_softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
-            raise ConfigError(f"model.attn_softcap must be a positive number or null, got {cap!r}",
-                              hint="Gemma 2 uses 50.0; null turns the cap off")
-        if self.diff_attn:  # q and k split in halves of head_dim/2; with rope each half is rotated on its own
-            rope = self.pos_embedding == "rope"
-            need = 4 if rope else 2
-            if self.head_dim % need != 0:
-                raise ConfigError(
-                    f"model.diff_attn=true needs a head dimension (n_embd/n_head) divisible by {need}, got "
-                    f"{self.head_dim}: it splits each head's queries and keys in two halves"
-                    + (", and pos_embedding=rope rotates each half" if rope else ""),
-                    hint="change model.n_head or model.n_embd, or set model.diff_attn=false")
-        self._check_latent()
-        self._check_linear()
-        self._check_sink_tokens()
-
-    def _check_sink_tokens(self) -> None:
-        """StreamingLLM's sink tokens: a count, meaningful only with a sliding window, and not with every variant."""
-        n = self.sink_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"model.sink_tokens must be a non-negative integer, got {n!r}")
-        if n == 0:
-            return
-        if self.window is None:
-            raise ConfigError(f"model.sink_tokens={n} needs a sliding window (model.window): without one every "
-                              "earlier token is attended to already", hint="add model.window=<tokens>")
-        refused = {"model.pos_embedding=alibi": self.pos_embedding == "alibi",
-                   f"model.mla_latent={self.mla_latent}": self.mla_latent is not None}
-        for setting, on in refused.items():
-            if on:
-                raise ConfigError(f"model.sink_tokens={n} cannot be combined with {setting} here",
-                                  hint="set model.sink_tokens=0, or drop that option")
-
-    def _check_latent(self) -> None:
-        """Multi-head latent attention (DeepSeek-V2): its widths, and what it cannot be combined with, by name."""
-        if self.mla_latent is None:
-            if self.mla_rope_dim is not None:
-                raise ConfigError(f"model.mla_rope_dim={self.mla_rope_dim} is set but model.mla_latent is not",
-                                  hint="set model.mla_latent (the latent width), or model.mla_rope_dim=null")
-            return
-        latent = self.mla_latent
-        if isinstance(latent, bool) or not isinstance(latent, int) or latent <= 0:
-            raise ConfigError(f"model.mla_latent must be a positive integer or null, got {latent!r}",
-                              hint="DeepSeek-V2 uses 4 x head_dim; null turns multi-head latent attention off")
-        if self.mla_rope_dim is None:  # the paper's d_h^R = d_h / 2, kept even (RoPE rotates pairs)
-            self.mla_rope_dim = max(2, self.head_dim // 4 * 2)
-        rope = self.mla_rope_dim
-        if isinstance(rope, bool) or not isinstance(rope, int) or rope <= 0 or rope % 2 != 0:
-            raise ConfigError(f"model.mla_rope_dim must be a positive even integer, got {rope!r}",
-                              hint="RoPE rotates pairs of features; null picks head_dim/2")
-        clashes = {  # setting -> (whether it is set, why multi-head latent attention cannot have it)
-            f"model.pos_embedding={self.pos_embedding}": (
-                self.pos_embedding != "learned",
-                "MLA applies RoPE itself, to its decoupled query and key features (model.mla_rope_dim)"),
-            f"model.n_kv_head={self.n_kv_head}": (
-                self.n_kv_head != self.n_head, "every head's keys and values come from the one shared latent"),
-            "model.qk_norm": (self.qk_norm, "not implemented for keys up-projected from the latent"),
-            "model.diff_attn": (self.diff_attn, "differential attention splits the heads' queries and keys"),
-            "model.linear_attn": (self.linear_attn is not None, "linear attention keeps a state, not a latent"),
-        }
-        for setting, (clash, why) in clashes.items():
-            if clash:
-                raise ConfigError(f"model.mla_latent={latent} cannot be combined with {setting}: {why}",
-                                  hint=f"unset {setting.split('=')[0]}, or set model.mla_latent=null")
-
-    def _check_linear(self) -> None:
-        """Causal linear attention has no scores and no softmax: refuse what acts on them, naming it."""
-        if self.linear_attn is None:
-            return
-        if self.linear_attn not in LINEAR_FEATURES:
-            raise ConfigError(f"model.linear_attn must be one of {', '.join(LINEAR_FEATURES)} or null, "
-                              f"got {self.linear_attn!r}",
-                              hint="model.linear_attn=elu1 (phi(x) = elu(x) + 1), or model.linear_attn=null (softmax)")
-        no_scores = "linear attention forms no softmax scores"
-        clashes = {  # setting -> (whether it is set, why linear attention cannot have it)
-            "model.window": (self.window is not None, "its running state sums every earlier token"),
-            f"model.pos_embedding={self.pos_embedding}": (
-                self.pos_embedding != "learned",
-                "rotations or score biases do not survive the feature map; use pos_embedding=learned"),
-            "model.attn_softcap": (self.attn_softcap is not None, no_scores),
-            "model.attn_sink": (self.attn_sink, no_scores),
-            "model.diff_attn": (self.diff_attn, "differential attention subtracts two softmax maps"),
-        }
-        for setting, (clash, why) in clashes.items():
-            if clash:
-                raise ConfigError(f"model.linear_attn={self.linear_attn} cannot be combined with {setting}: {why}",
-                                  hint=f"unset {setting.split('=')[0]}, or set model.linear_attn=null")
-
-    def _variant_options(self) -> dict[str, tuple[str, str]]:
-        """The kernel options (registry EXTENSIONS) the score variants need: option -> (setting, fix)."""
-        wanted = {}
-        if self.attn_softcap is not None:
-            wanted["softcap"] = (f"model.attn_softcap={self.attn_softcap}", "model.attn_softcap=null")
-        if self.pos_embedding == "alibi":
-            wanted["bias"] = ("model.pos_embedding=alibi (a score bias)", "model.pos_embedding=rope")
-        if self.attn_sink:
-            wanted["sink"] = ("model.attn_sink=true", "model.attn_sink=false")
-        return wanted
+        self._check_kernel()
 
     def _check_core_options(self) -> None:
         """The MLP's activation and the head's and projections' switches."""
@@ -215,35 +93,60 @@ class GPTConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
 
+    def _check_designs(self) -> None:
+        """The attention designs' fields: the lists' types, a known position scheme, then each design's checks."""
+        if not isinstance(self.designs, list) or not all(isinstance(d, str) for d in self.designs):
+            raise ConfigError(f"model.designs must be a list of design names, got {self.designs!r}")
+        if not isinstance(self.design_options, dict):
+            raise ConfigError(f"model.design_options must be a mapping, got {self.design_options!r}")
+        schemes = ("learned", *(d.on for d in map(designs.get, designs.available()) if d.switch == "pos_embedding"))
+        if self.pos_embedding not in schemes:
+            raise ConfigError(f"model.pos_embedding must be one of {', '.join(schemes)}, got {self.pos_embedding!r}")
+        designs.check(self)
+
+    def _check_kernel(self) -> None:
+        """The kernel exists, its backend too, and it declares every option this model needs."""
+        if self.attention not in attention.available():
+            raise ConfigError(
+                f"unknown attention kernel {self.attention!r}; valid: {', '.join(attention.available())}"
+            )
+        if self.attention_backend is not None and self.attention_backend not in attention.backends(self.attention):
+            valid = attention.backends(self.attention)
+            raise ConfigError(
+                f"model.attention_backend={self.attention_backend} is not a backend of attention={self.attention}; "
+                + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
+            )
+        wanted = {}  # the kernel options this shape needs, checked against what the kernel declares
+        if self.window is not None:
+            wanted["window"] = (f"model.window={self.window}", "model.window=null")
+        if self.n_kv_head != self.n_head:
+            wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
+        wanted.update(designs.kernel_options(self))
+        attention.check_options(self.attention, wanted)
+
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
-    @property
-    def qk_dim(self) -> int:
-        """Features of one query or key as the kernel sees it: a head's, or half of it with diff_attn."""
-        return self.head_dim // 2 if self.diff_attn else self.head_dim
-
-    @property
-    def rope_dim(self) -> int | None:
-        """Features RoPE rotates per query and key: MLA's decoupled part, a head's (or half) with rope, else None."""
-        if self.mla_latent is not None:
-            return self.mla_rope_dim
-        return self.qk_dim if self.pos_embedding == "rope" else None
+    def runtime_fields(self) -> tuple[str, ...]:
+        """RUNTIME_FIELDS and the designs' runtime settings."""
+        return self.RUNTIME_FIELDS + designs.runtime_fields()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def with_runtime_of(self, other: GPTConfig) -> GPTConfig:
-        """This architecture with ``other``'s runtime choices (RUNTIME_FIELDS)."""
-        return replace(self, **{name: getattr(other, name) for name in self.RUNTIME_FIELDS})
+        """This architecture with ``other``'s runtime choices (runtime_fields)."""
+        return replace(self, **{name: getattr(other, name) for name in self.runtime_fields()})
 
     def shape_differences(self, other: GPTConfig | dict[str, Any]) -> list[str]:
         """Fields (runtime ones aside) where ``other`` (e.g. a checkpoint's config) differs, as readable phrases."""
         mine, theirs, unset = self.to_dict(), other if isinstance(other, dict) else other.to_dict(), "(not set)"
         # a checkpoint from before a field existed holds its default (e.g. qk_norm=False)
-        theirs = {**{f.name: f.default for f in fields(GPTConfig) if f.default is not NO_DEFAULT}, **theirs}
-        keys = sorted((set(mine) | set(theirs)) - set(self.RUNTIME_FIELDS))
+        defaults = {f.name: f.default if f.default is not NO_DEFAULT else f.default_factory()
+                    for f in fields(GPTConfig) if f.default is not NO_DEFAULT or f.default_factory is not NO_DEFAULT}
+        theirs = {**defaults, **theirs}
+        keys = sorted((set(mine) | set(theirs)) - set(self.runtime_fields()))
         return [f"model.{k} is {theirs.get(k, unset)!r} in the checkpoint but {mine.get(k, unset)!r} now"
                 for k in keys if theirs.get(k, unset) != mine.get(k, unset)]
 
@@ -281,8 +184,18 @@ class ModelConfig(GPTConfig):
 
 
 @dataclass
-class AttentionConfig:
-    """The ``attention=`` config group: which kernel (and, for sdpa, which backend) computes attention."""
+class ScriptConfig:
+    """What every script's config shares: ``designs=[my_design.py, ...]``, the files, package folders or module names
+    that register the attention designs a user brings (gpt.designs.loading; GPT_DESIGNS does the same)."""
 
-    name: str = "sdpa"
-    backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)
+    designs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AttentionConfig:
+    """The ``attention=`` group (configs/attention/, package ``model``): the kernel, written straight into the model
+    config as model.attention and model.attention_backend. A script without a model config (generate) takes these
+    two alone, to run a checkpoint's weights with another kernel."""
+
+    attention: str = "sdpa"
+    attention_backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)

@@ -1,14 +1,15 @@
 """Autoregressive decoding: prefill the prompt, then one token per step against the KV cache.
 
 ``prefill`` and ``decode_step`` are the two model calls, kept apart so each can be compiled on its own
-(the prompt's shape varies, a decode step's does not). ``stream`` builds the loop on them: left padding
+(the prompt's shape varies, a decode step's does not: the cache reads fixed shapes, so ``compiled_decode_step``
+compiles it once, gpt-fast's decode_one_token). ``stream`` builds the loop on them: left padding
 for prompts of different lengths, a context window that slides past block_size, stop tokens. Turning
 logits into a token is gpt.sampling's job; the model itself knows nothing of either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -35,6 +36,13 @@ def decode_step(model: GPT, token: Tensor, positions: Tensor, cache: KVCache) ->
     """Feed one token per row, token and positions (B, 1), against the cached keys; the next logits (B, vocab)."""
     logits, _ = model(token, positions=positions, cache=cache)
     return logits[:, -1, :]
+
+
+def compiled_decode_step(**options) -> Callable[[GPT, Tensor, Tensor, KVCache], Tensor]:
+    """decode_step under torch.compile with fullgraph=True: one compilation serves every step of every sequence of
+    the same batch size (a one-token step reads every cache slot, the token count is a tensor). ``options`` go to
+    torch.compile (backend, mode)."""
+    return torch.compile(decode_step, fullgraph=True, **options)
 
 
 def left_pad(rows: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -75,6 +83,7 @@ def stream(
     stop_token: int | None = None,
     kv_cache: bool = True,
     vocab_limit: int | None = None,
+    step: Callable[[GPT, Tensor, Tensor, KVCache], Tensor] = decode_step,
 ) -> Iterator[Tensor]:
     """Yield the next token of every prompt as a (B, 1) tensor, one step at a time.
 
@@ -84,6 +93,7 @@ def stream(
     whatever the other rows do. With kv_cache the context is prefilled once and each step then feeds
     one token per row; after a slide the cache is rebuilt. Stops once every row produced stop_token.
     vocab_limit: only ids below it are sampled (a vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
+    step: the decoding step (decode_step, or compiled_decode_step()).
     """
     check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
@@ -105,7 +115,7 @@ def stream(
         else:  # decode: one new token per row against the cached keys
             positions = positions[:, -1:] + 1
             with decode_pin:
-                logits = decode_step(model, next_token, positions, cache)
+                logits = step(model, next_token, positions, cache)
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
         for row, token in zip(rows, next_token.flatten().tolist()):
             row.append(token)

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 from gpt import checkpoint, hf, pretrained
-from gpt.config import MISSING
+from gpt.config import MISSING, ScriptConfig
 from gpt.errors import ConfigError, UserError
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(ScriptConfig):
     """scripts/export.py's settings (configs/export.yaml), checked as they are built."""
 
     ckpt: str = MISSING  # a run directory or .pt file, an exported folder, a Hugging Face GPT-2 folder

@@ -11,7 +11,7 @@ from typing import Optional, TextIO
 import torch
 
 from gpt import tokenizer as tok
-from gpt.config import MISSING, AttentionConfig
+from gpt.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.decoding import prompt_ids, stream
 from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resolve_precision
 from gpt.errors import ConfigError, UserError, check_positive
@@ -21,7 +21,7 @@ from gpt.sampling import check_sampling
 
 
 @dataclass
-class GenerateConfig:
+class GenerateConfig(ScriptConfig):
     """scripts/generate.py's settings (configs/generate.yaml), checked as they are built."""
 
     ckpt: str = MISSING  # a run directory (best.pt, else ckpt.pt), a .pt file, an exported folder, or gpt2*
@@ -38,7 +38,7 @@ class GenerateConfig:
     num_samples: int = 1
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
-    attention: Optional[AttentionConfig] = None  # None: the kernel the model was trained with
+    model: Optional[AttentionConfig] = None  # attention=<kernel>: run the weights with it (None: as trained)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
 
     def __post_init__(self) -> None:
@@ -131,7 +131,7 @@ def run(cfg: GenerateConfig) -> None:
     """scripts/generate.py: load the model, print num_samples samples (or a prompt loop)."""
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
-    kernel, backend = (cfg.attention.name, cfg.attention.backend) if cfg.attention else (None, None)
+    kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     model, tokenizer = load_model(cfg.ckpt, device, kernel, backend, cfg.init_path)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from gpt.config import GPTConfig
+from gpt.designs import registry as designs
 from gpt.errors import UserError
 from gpt.tokenizer import GPT2_ENCODING
 
@@ -55,28 +56,24 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
 # --- export: this project's model -> GPT-2's layout -------------------------------------------------------------
 
 def check_representable(config: GPTConfig) -> None:
-    """Refuse, naming the option, a model GPT-2's architecture cannot hold (format=native can)."""
-    options = {
-        "pos_embedding": (config.pos_embedding != "learned",
-                          f"{config.pos_embedding} positions (GPT-2 has a learned position table)"),
-        "n_kv_head": (config.n_kv_head != config.n_head,
-                      "grouped-query attention (GPT-2 has one key/value head per head)"),
-        "window": (config.window is not None, "a sliding attention window (GPT-2 attends to every earlier token)"),
-        "qk_norm": (config.qk_norm, "normalised queries and keys (QK-norm)"),
-        "attn_softcap": (config.attn_softcap is not None, "soft-capped attention scores"),
-        "attn_sink": (config.attn_sink, "a sink logit per attention head"),
-        "diff_attn": (config.diff_attn, "differential attention (two softmax maps per head, one subtracted)"),
-        "linear_attn": (config.linear_attn is not None, "causal linear attention (a feature map, no softmax)"),
-        "mla_latent": (config.mla_latent is not None,
-                       "multi-head latent attention (keys and values up-projected from a shared latent)"),
-        "activation": (config.activation != "gelu_tanh",
-                       f"a {config.activation} MLP (the exported GPT-2 config has the tanh GELU, gelu_new)"),
-        "tie_head": (not config.tie_head, "an output head of its own (GPT-2's is the token embedding)"),
+    """Refuse, naming the setting, a model GPT-2's architecture cannot hold (format=native can): fewer key/value
+    heads, a window, another MLP activation, an untied head, or an attention design whose Design.exports leaves out
+    "hf"."""
+    core = {
+        f"model.n_kv_head={config.n_kv_head}": (config.n_kv_head != config.n_head,
+                                                "grouped-query attention (GPT-2 has one key/value head per head)"),
+        f"model.window={config.window}": (config.window is not None,
+                                          "a sliding attention window (GPT-2 attends to every earlier token)"),
+        f"model.activation={config.activation}": (config.activation != "gelu_tanh", f"a {config.activation} MLP "
+                                                  "(the exported GPT-2 config has the tanh GELU, gelu_new)"),
+        "model.tie_head=false": (not config.tie_head,
+                                 "an output head of its own (GPT-2's is the token embedding)"),
     }
-    for name, (unrepresentable, what) in options.items():
-        if unrepresentable:
-            raise UserError(f"model.{name}={getattr(config, name)} cannot be exported in the Hugging Face GPT-2 "
-                            f"layout: it means {what}", hint="pass format=native for this project's own layout")
+    refused = [(setting, what) for setting, (on, what) in core.items() if on]
+    refused += [(d.setting(config), d.about) for d in designs.active(config) if "hf" not in d.exports]
+    for setting, what in refused:
+        raise UserError(f"{setting} cannot be exported in the Hugging Face GPT-2 layout: it means {what}",
+                        hint="pass format=native for this project's own layout")
 
 
 def to_hf_state(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:

@@ -1,25 +1,38 @@
 """A KV cache for incremental decoding: each layer's keys and values, preallocated, filled as tokens arrive.
 
-The prompt is prefilled once; each later step feeds one token and attends to the cached keys. Grouped-
-query models cache only their n_kv_head heads. A sliding-window model keeps only the last `window`
-keys in a ring buffer (slot = position % window): a one-token step may attend to all of them, so their
-order does not matter. Each layer's LayerKV holds its own two buffers and nothing else; the KVCache
-keeps what the layers share (how many tokens were seen, which of them are real) and the model passes
-it down. A model with causal linear attention (model.linear_attn) keeps no keys at all: each layer's
-LinearState holds the running sums (S, z) of gpt.attention.linear, the same size at any context length.
-With sink tokens (model.sink_tokens, StreamingLLM) a window model also keeps the keys of the first tokens apart,
-and a step attends to those the ring no longer holds as well.
-A model with multi-head latent attention (model.mla_latent) keeps per token only the latent c_kv and the one
-rotated key part shared by the heads (LatentKV); each step up-projects them to the heads' keys and values.
+The prompt is prefilled once; each later step feeds one token and attends to the cached keys. Grouped-query
+models cache only their n_kv_head heads. A sliding-window model keeps only the last `window` keys in a ring
+buffer (slot = index % window): a one-token step may attend to all of them, so their order does not matter.
+
+Under torch.compile a one-token step reads fixed shapes (gpt-fast's way): it attends to every slot, with a mask of
+the filled ones, and the token count is a tensor (``pos``), so a compiled ``decode_step`` runs every step with one
+compilation; eager steps read only the filled slots (no mask at all when nothing is padded).
+Each layer's LayerKV holds its own two buffers and nothing else; the KVCache keeps what the layers share (how
+many tokens were seen, which slots hold real ones). A design may keep something else per layer (its ``cache``
+kind: latents, a running state, sink tokens' keys), with LayerKV's interface.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 from torch import Tensor
 
+from gpt import designs
 from gpt.config import GPTConfig
-from gpt.errors import UserError
+
+Context = Any  # gpt.model.Context (a Step's fields and the model's): the model imports this module, not the reverse
+
+
+class Step(NamedTuple):
+    """What the cache tells a forward pass about its tokens (gpt.model.Context takes these fields)."""
+
+    start: int | None  # index of the first new token; None for a one-token decoding step (``index`` says it)
+    index: Tensor  # (T,) the new tokens' indices in the (left-padded) sequence
+    key_mask: Tensor | None  # (B, Tk) which keys the layers get back are real; None: all
+    token_mask: Tensor | None  # (B, T) which new tokens are real; None: all
+    window: int | None  # the window the kernel still applies (None once a ring holds only the window)
 
 
 def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
@@ -32,89 +45,50 @@ def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
     if first + n <= size:  # one contiguous run of slots: every write but a prompt longer than a ring
         store.narrow(dim, first, n).copy_(new)
         return
-    keep = min(n, size)
-    slots = torch.arange(start + n - keep, start + n, device=store.device) % size
-    store.index_copy_(dim, slots, new.narrow(dim, n - keep, keep))
+    keep_n = min(n, size)
+    slots = torch.arange(start + n - keep_n, start + n, device=store.device) % size
+    store.index_copy_(dim, slots, new.narrow(dim, n - keep_n, keep_n))
+
+
+def keep(store: Tensor | None, new: Tensor, ctx: Context, dim: int, size: int) -> tuple[Tensor, Tensor]:
+    """Store the new tokens' tensor (tokens along ``dim``) in ``store`` (``size`` slots, allocated on first use);
+    returns the store and what these queries attend to: the prompt's own, every slot in a fixed-shape step (the
+    cache's key mask hides empty ones), else the filled slots."""
+    if store is None:
+        shape = list(new.shape)
+        shape[dim] = size
+        store = new.new_zeros(shape)
+    if ctx.start is None:  # one token at a tensor index: no Python number changes from step to step
+        store.index_copy_(dim, ctx.index % size, new)
+        return store, store
+    write(store, new, ctx.start, dim)
+    if ctx.start == 0:
+        return store, new
+    return store, store.narrow(dim, 0, min(ctx.start + new.size(dim), size))
 
 
 class LayerKV:
-    """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype; with sink
-    tokens (StreamingLLM) also those of the first ``sinks`` positions, kept apart once the ring has moved past them."""
+    """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype."""
 
-    def __init__(self, size: int, sinks: int = 0) -> None:
-        self.size, self.sinks = size, sinks
+    def __init__(self, config: GPTConfig, cache: KVCache) -> None:
+        self.size = self.tokens = cache.size  # slots; tokens its bytes stand for (the arena's bytes per token)
         self.k: Tensor | None = None
         self.v: Tensor | None = None
-        self.sink_k: Tensor | None = None
-        self.sink_v: Tensor | None = None
 
-    def update(self, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Store k, v (B, Hkv, T, D) of positions start..start+T-1; return what these T queries attend to.
+    @classmethod
+    def bytes_per_token(cls, config: GPTConfig, number_bytes: int) -> float:
+        """Bytes one layer keeps per cached token (gpt.memory's KV-cache line)."""
+        return 2 * config.n_kv_head * config.head_dim * number_bytes
 
-        A prompt (start 0) attends to its own keys (a ring may keep only their tail); a later step to every
-        slot filled so far.
-        """
-        if self.k is None or self.v is None:
-            shape = (k.size(0), k.size(1), self.size, k.size(3))
-            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
-            if self.sinks:
-                shape = (k.size(0), k.size(1), self.sinks, k.size(3))
-                self.sink_k, self.sink_v = k.new_zeros(shape), v.new_zeros(shape)
-        write(self.k, k, start, dim=2)
-        write(self.v, v, start, dim=2)
-        if start < self.sinks:  # positions start.. of the first `sinks`: kept whatever the ring overwrites
-            n = min(self.sinks - start, k.size(2))
-            self.sink_k[:, :, start:start + n] = k[:, :, :n]
-            self.sink_v[:, :, start:start + n] = v[:, :, :n]
-        if start == 0:
-            return k, v
-        end = start + k.size(2)
-        filled, evicted = min(end, self.size), min(self.sinks, max(0, end - self.size))  # sinks no longer in the ring
-        if not evicted:
-            return self.k[:, :, :filled], self.v[:, :, :filled]
-        return (torch.cat([self.sink_k[:, :, :evicted], self.k[:, :, :filled]], dim=2),
-                torch.cat([self.sink_v[:, :, :evicted], self.v[:, :, :filled]], dim=2))
+    def update(self, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, Hkv, T, D) of these tokens; return what the T queries attend to (see keep)."""
+        self.k, k = keep(self.k, k, ctx, 2, self.size)
+        self.v, v = keep(self.v, v, ctx, 2, self.size)
+        return k, v
 
     def held_bytes(self) -> int:
         """Bytes of the buffers (allocated for every slot at the first update)."""
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v) if t is not None)
-
-
-class LatentKV:
-    """One layer's MLA latents: c_kv (B, size, d_c) and the rotated shared key part k_rope (B, size, d_R)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.c: Tensor | None = None
-        self.k_rope: Tensor | None = None
-
-    def update(self, c: Tensor, k_rope: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Store c (B, T, d_c) and k_rope (B, T, d_R) of positions start..start+T-1; return what these T queries
-        attend to, as LayerKV.update does (the prompt's own, later every slot filled so far)."""
-        if self.c is None or self.k_rope is None:
-            self.c = c.new_zeros(c.size(0), self.size, c.size(2))
-            self.k_rope = k_rope.new_zeros(k_rope.size(0), self.size, k_rope.size(2))
-        write(self.c, c, start, dim=1)
-        write(self.k_rope, k_rope, start, dim=1)
-        if start == 0:
-            return c, k_rope
-        filled = min(start + c.size(1), self.size)
-        return self.c[:, :filled], self.k_rope[:, :filled]
-
-    def held_bytes(self) -> int:
-        """Bytes of the buffers: (d_c + d_R) numbers per token, instead of 2 x n_head x head_dim."""
-        return sum(t.numel() * t.element_size() for t in (self.c, self.k_rope) if t is not None)
-
-
-class LinearState:
-    """One layer's linear-attention state: S (B, Hkv, D, Dv) and z (B, Hkv, D), the sums over every token so far."""
-
-    def __init__(self) -> None:
-        self.state: tuple[Tensor, Tensor] | None = None
-
-    def held_bytes(self) -> int:
-        """Bytes of the state: constant once the prompt is in, whatever the length."""
-        return sum(t.numel() * t.element_size() for t in self.state) if self.state is not None else 0
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, Tensor))
 
 
 class KVCache:
@@ -125,49 +99,56 @@ class KVCache:
         ring = config.window is not None and config.window < config.block_size
         self.window = config.window if ring else None  # a ring of `window` slots; None: block_size slots in order
         self.size = self.window or config.block_size  # slots kept per layer
-        self.sinks = config.sink_tokens if self.window is not None else 0  # first tokens kept apart from the ring
-        self.length = 0  # tokens seen so far (positions in the padded batch)
-        self.key_mask = torch.ones(batch_size, self.size, dtype=torch.bool, device=device)  # False: left padding
-        self.padded = False  # whether the prompt was left-padded (else the kernels get no mask at all)
-        self.layers: list[LayerKV | LatentKV | LinearState] = [self._layer(config) for _ in range(config.n_layer)]
+        self.started = False  # whether the prompt is in (then one-token steps decode)
+        self.padded = False  # whether the prompt was left-padded (else a prompt's kernels get no mask at all)
+        # tokens seen so far (indices in the padded batch), a tensor so a compiled decode_step advances it in place
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.key_mask = torch.zeros(batch_size, self.size, dtype=torch.bool, device=device)  # slot holds a real token
+        kind = designs.cache_kind(config) or LayerKV
+        self.layers = [kind(config, self) for _ in range(config.n_layer)]
 
-    def _layer(self, config: GPTConfig) -> LayerKV | LatentKV | LinearState:
-        """What one layer keeps: keys and values, MLA's latents, or linear attention's running state."""
-        if config.linear_attn is not None:
-            return LinearState()
-        return LatentKV(self.size) if config.mla_latent is not None else LayerKV(self.size, self.sinks)
+    @property
+    def length(self) -> int:
+        """Tokens seen so far (a Python number: reading it waits for the device, which sampling does anyway)."""
+        return int(self.pos)
 
-    def step(self, n: int, key_mask: Tensor | None) -> tuple[Tensor | None, int | None]:
+    def step(self, n: int, key_mask: Tensor | None) -> Step:
         """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).
 
-        Returns the key mask and window for the attention over what each LayerKV.update returns: the
-        prompt's own mask and the window, later the mask of every cached key and no window.
-        """
-        start = self.length
+        The layers then attend to the prompt's own keys, or to the filled slots: the prompt's mask and the window,
+        later the mask of the cached keys (None when nothing is padded) and no window. Under torch.compile a
+        one-token step reads every slot instead (_fixed_step), so that no shape or Python number changes."""
+        if self.started and n == 1 and torch.compiler.is_compiling():
+            return self._fixed_step(key_mask)
+        start = self.length if self.started else 0
         if start + n > self.max_length:
             raise ValueError(f"KV cache overflow: {start} + {n} tokens exceed block_size {self.max_length}")
         if self.window is not None and start > 0 and n != 1:
             raise ValueError("a sliding-window cache takes one token at a time after the prompt")
-        self.length += n
         if start == 0:
-            self.padded = key_mask is not None
-            if self.padded and self.sinks:
-                raise UserError("model.sink_tokens cannot decode a batch of prompts of different lengths (left "
-                                "padding would take the sink positions)", hint="generate one prompt at a time")
-        if self.padded:  # tokens after a padded prompt are all real
-            new = key_mask if key_mask is not None else self.key_mask.new_ones(self.key_mask.size(0), n)
-            write(self.key_mask, new, start, dim=1)
+            self.padded, self.started = key_mask is not None, True
+        write(self.key_mask, key_mask if key_mask is not None else self.key_mask.new_ones(len(self.key_mask), n),
+              start, dim=1)
+        self.pos.fill_(start + n)
+        index = torch.arange(start, start + n, device=self.pos.device)
         if start == 0:
-            return key_mask, self.window
+            return Step(0, index, key_mask, key_mask, self.window)
         filled = min(start + n, self.size)
-        return (self.key_mask[:, :filled] if self.padded else None), None
+        return Step(start, index, self.key_mask[:, :filled] if self.padded else None, key_mask, None)
 
-    def key_index(self, n: int) -> Tensor:
-        """(Tk,) the sequence index of each key LayerKV.update returned for the n tokens step() just took, in its
-        order (ALiBi needs each key's distance): the prompt's own keys, or every filled slot (a ring's wrap)."""
-        device = self.key_mask.device
-        if self.length == n:  # the prompt: its own keys
-            return torch.arange(n, device=device)
-        last = self.length - 1
-        slots = torch.arange(min(self.length, self.size), device=device)
-        return last - (last - slots) % self.size  # slot s holds the latest index congruent to s (mod size)
+    def _fixed_step(self, key_mask: Tensor | None) -> Step:
+        """One token at the tensor index ``pos``: every slot, with the mask of the filled ones (gpt-fast's way)."""
+        index = self.pos.view(1).clone()  # (1,)
+        new = key_mask if key_mask is not None else self.key_mask.new_ones(len(self.key_mask), 1)
+        self.key_mask.index_copy_(1, index % self.size, new)
+        self.pos.add_(1)
+        return Step(None, index, self.key_mask, key_mask, None)
+
+    def key_index(self, step: Step) -> Tensor:
+        """(Tk,) the sequence index of each key LayerKV.update returned for ``step``, in its order (ALiBi needs
+        each key's distance): the prompt's own keys, or every slot (slot s holds the latest index = s mod size)."""
+        if step.start == 0:
+            return step.index
+        filled = self.size if step.start is None else min(step.start + len(step.index), self.size)
+        last = step.index[-1]
+        return last - (last - torch.arange(filled, device=last.device)) % self.size

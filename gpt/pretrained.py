@@ -15,6 +15,7 @@ from torch import Tensor
 from gpt import checkpoint, hf
 from gpt import tokenizer as tok
 from gpt.config import GPTConfig
+from gpt.designs.registry import DesignUnavailable
 from gpt.errors import ConfigError, UserError
 from gpt.hf import CONV1D_SUFFIXES, GPT2_TOKENIZER  # noqa: F401  (re-exported: the names callers know)
 from gpt.model import GPT
@@ -146,8 +147,9 @@ def load_weights(ckpt: str | Path, init_path: str | None = None) -> tuple[GPTCon
             path = checkpoint.resolve(ckpt)
             config, state, tokenizer = checkpoint.read_model(checkpoint.load(path), path)
     except ConfigError as err:  # a model config value the dataclass refuses: say which file holds it
+        damaged = "the file is damaged or was not written by this framework"
         raise UserError(f"{init_path or ckpt}: {err}",
-                        hint="the file is damaged or was not written by this framework") from None
+                        hint=err.hint if isinstance(err, DesignUnavailable) else damaged) from None
     problem = tok.description_problem(tokenizer)
     if problem is None and tokenizer["vocab_size"] > config.vocab_size:
         problem = f"its tokenizer has {tokenizer['vocab_size']} tokens, the model only {config.vocab_size}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -14,6 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from gpt.errors import ConfigError
+
+DESIGNS = "designs"  # every script's key (gpt.config.ScriptConfig) for the designs a user brings
+# The attention= group is written straight into model (configs/attention/*.yaml); its keys' earlier spellings
+RENAMED = {"attention.name": "model.attention", "attention.backend": "model.attention_backend"}
 
 
 def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
@@ -34,7 +39,10 @@ def refuse_unknown_keys(node: DictConfig, where: str = "") -> None:
 
 
 def typed(cfg: DictConfig) -> Any:
-    """The composed config as its dataclass; every dataclass validates itself as it is built (ConfigError)."""
+    """The composed config as its dataclass; every dataclass validates itself as it is built (ConfigError).
+
+    The designs a user brings (``designs=[...]``) are loaded first, so the model config may name them."""
+    bring_designs(cfg)
     refuse_unknown_keys(cfg)
     try:
         return OmegaConf.to_object(cfg)
@@ -42,6 +50,16 @@ def typed(cfg: DictConfig) -> Any:
         key = err.full_key or str(err)
         raise ConfigError(f"{key} must be given (it has no default)",
                           hint=f"add {key}=<value> to the command") from None
+
+
+def bring_designs(cfg: DictConfig) -> None:
+    """Load the files, packages or modules a script's ``designs`` key names (gpt.config.ScriptConfig), before the
+    model config that may name their designs is checked."""
+    sources = cfg.get(DESIGNS) if DESIGNS in cfg else None
+    if sources:
+        from gpt.designs import loading
+
+        loading.load_all([str(s) for s in sources])
 
 
 # schema name (as configs/<script>.yaml names it in its defaults) -> the dataclass, imported only when registered,
@@ -68,8 +86,19 @@ def schema(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
+def renamed(overrides: list[str]) -> list[str]:
+    """Overrides with their keys' earlier spellings (RENAMED) replaced, so command lines from before still run."""
+    def rename(override: str) -> str:
+        key, sep, value = override.partition("=")
+        return RENAMED.get(key, key) + sep + value if sep else override
+
+    return [rename(override) for override in overrides]
+
+
 def register(*names: str) -> None:
-    """Register the named schemas (all, when none is named) with Hydra's ConfigStore as ``<name>_schema``."""
+    """Register the named schemas (all, when none is named) with Hydra's ConfigStore as ``<name>_schema``, and
+    respell the command line's renamed keys (the scripts call this before Hydra reads sys.argv)."""
+    sys.argv[1:] = renamed(sys.argv[1:])
     cs = ConfigStore.instance()
     for name in names or SCHEMAS:
         cs.store(name=f"{name}_schema", node=schema(name))

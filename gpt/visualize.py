@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from gpt.attention.recording import record_attention
-from gpt.config import MISSING
+from gpt.config import MISSING, ScriptConfig
+from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError
 from gpt.model import GPT
@@ -18,7 +19,7 @@ from gpt.tokenizer import Tokenizer
 
 
 @dataclass
-class VisualizeConfig:
+class VisualizeConfig(ScriptConfig):
     """scripts/visualize_attention.py's settings (configs/visualize_attention.yaml), checked as they are built."""
 
     ckpt: str = MISSING  # a run directory, .pt file, exported folder, or gpt2* (with init_path)
@@ -40,7 +41,8 @@ class VisualizeConfig:
 def attention_maps(model: GPT, idx: Tensor) -> Tensor:
     """Attention weights of every layer and head for one sequence idx (1, T): (n_layer, n_head, T, T).
 
-    With diff_attn, the differential map w1 - lambda * w2 of each layer (its weights may be negative)."""
+    What each design's layer shows (its Design.view): a differential layer its map w1 - lambda * w2 (weights may be
+    negative), a linear one the weights its running state sums."""
     was_training = model.training
     model.eval()
     try:
@@ -48,9 +50,6 @@ def attention_maps(model: GPT, idx: Tensor) -> Tensor:
             model(idx)
     finally:
         model.train(was_training)
-    if model.config.diff_attn:  # two maps per layer, in order
-        lambdas = [block.attn.diff_lambda().float() for block in model.transformer.h]
-        recorded = [recorded[2 * i] - lam * recorded[2 * i + 1] for i, lam in enumerate(lambdas)]
     return torch.stack([weights[0] for weights in recorded]).cpu()
 
 
@@ -106,8 +105,10 @@ def save_attention_png(model: GPT, tokenizer: Tokenizer, ids: list[int], out: st
 
     device = next(model.parameters()).device
     maps = attention_maps(model, torch.tensor([ids], device=device))
+    views = [f"{d.name}: {d.view}" for d in designs.active(model.config) if d.view != designs.Design.view]
     fig = attention_figure(maps, token_labels(tokenizer, ids), layer, head,
-                           title=f"attention maps ({model.config.attention} kernel, weights recomputed)")
+                           title=f"attention maps ({model.config.attention} kernel, weights recomputed)"
+                           + "".join(f"; {view}" for view in views))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -142,17 +142,7 @@ def failure_output(result: subprocess.CompletedProcess) -> str:
     return result.stderr[at:at + 6000] if at >= 0 else result.stderr[-3000:]
 
 
-# --- attention variants: what tests/test_attention_variants.py, test_diff_attention.py, test_linear_attention.py
-# and test_mla.py share.
-
-def kernels_for(options: dict) -> list[str]:
-    """The kernels whose declaration covers the score options in ``options`` (softcap, sink, an ALiBi bias)."""
-    from gpt import attention
-
-    wanted = [o for o, on in (("softcap", options.get("attn_softcap")), ("sink", options.get("attn_sink")),
-                              ("bias", options.get("pos_embedding") == "alibi")) if on]
-    return [k for k in attention.available() if all(attention.spec(k).supports(o) for o in wanted)]
-
+# --- attention designs: what tests/test_designs.py and tests/designs/ share.
 
 def perturbed_model(config: dict, kernel: str = "sdpa", sharpen: float = 1.0):
     """A seeded random model (eval mode), weights scaled by ``sharpen``, with the parameters that start at ones or
@@ -172,25 +162,15 @@ def perturbed_model(config: dict, kernel: str = "sdpa", sharpen: float = 1.0):
                 p.add_(torch.randn_like(p) * 0.5)
             elif "attn.lambda_" in name:
                 p.copy_(torch.randn_like(p) * 0.5)
+            elif not name.endswith(".weight"):  # a design's own parameters (a mixing matrix, ...)
+                p.add_(torch.randn_like(p) * 0.5)
     return model.eval()
 
 
-def assert_greedy_same_with_and_without_cache(model, kernel: str) -> None:
-    """Greedy tokens with the KV cache equal those recomputed without it, over 30 new tokens for a model of
-    block_size 16 (the cache is rebuilt twice; flex, slow in eager mode on a CPU, decodes 12)."""
-    import torch
-
-    from gpt.decoding import generate
-
-    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
-    n = 12 if kernel == "flex" else 30
-    cached = generate(model, prompt, n, temperature=0.0, kv_cache=True)
-    assert torch.equal(cached, generate(model, prompt, n, temperature=0.0, kv_cache=False)), kernel
-
-
-def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, dict, dict]:
-    """In-process training of scripts/train.py's config with ``overrides``: 4 steps, resumed to 8, and 8 straight;
-    the model state dicts after 4, after the resume and of the straight run (to compare bit for bit)."""
+def train_stop_and_resume(overrides: list[str], tmp_path: Path, half: int = 4) -> tuple[dict, dict, dict]:
+    """In-process training of scripts/train.py's config with ``overrides``: ``half`` steps, resumed to twice that,
+    and as many straight; the model state dicts after ``half``, after the resume and of the straight run (to
+    compare bit for bit)."""
     from hydra import compose, initialize_config_dir
 
     from gpt import checkpoint
@@ -198,8 +178,8 @@ def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, d
     from gpt.train.trainer import train
 
     register()
-    common = [*overrides, "device=cpu", "train.warmup_iters=0", "train.lr_decay_iters=8", "train.eval_interval=4",
-              "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0"]
+    common = [*overrides, "device=cpu", "train.warmup_iters=0", f"train.lr_decay_iters={2 * half}",
+              f"train.eval_interval={half}", "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0"]
 
     def run(out: Path, steps: int, resume: bool = False) -> dict:
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
@@ -208,5 +188,5 @@ def train_stop_and_resume(overrides: list[str], tmp_path: Path) -> tuple[dict, d
         train(typed(cfg), out, log=lambda message: None)
         return checkpoint.load(out / checkpoint.LATEST)["model"]
 
-    first = run(tmp_path / "resumed", 4)
-    return first, run(tmp_path / "resumed", 8, resume=True), run(tmp_path / "straight", 8)
+    first = run(tmp_path / "resumed", half)
+    return first, run(tmp_path / "resumed", 2 * half, resume=True), run(tmp_path / "straight", 2 * half)

@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpt import GPT, GPTConfig, attention
-from gpt.attention.rope import apply_rope, rope_angles
 from gpt.decoding import generate
 from gpt.errors import ConfigError
 
@@ -103,31 +102,6 @@ def test_a_window_hides_tokens_that_fell_out_of_it():
         a, b = model(idx)[0], model(changed)[0]
     assert torch.equal(a[:, 10:], b[:, 10:])  # 10 - 4 = 6 > 5: out of reach
     assert not torch.allclose(a[:, 5:10], b[:, 5:10])
-
-
-def test_rope_has_no_wpe_and_keeps_gpt2_names_otherwise():
-    names = set(GPT(GPTConfig(**TINY, pos_embedding="rope")).state_dict())
-    assert names == set(GPT(GPTConfig(**TINY)).state_dict()) - {"transformer.wpe.weight"}
-
-
-def test_rope_rotation_matches_the_complex_number_formulation():
-    """Pair (x_i, x_{i+D/2}) as the complex number x_i + i x_{i+D/2}; RoPE multiplies it by e^{i p theta_i}."""
-    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
-    pos = torch.arange(7)
-    cos, sin = rope_angles(pos, 8)
-    theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
-    z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones(7, 4, dtype=torch.float64), pos[:, None] * theta)
-    torch.testing.assert_close(apply_rope(x, cos, sin), torch.cat([z.real, z.imag], dim=-1), atol=1e-6, rtol=1e-6)
-
-
-def test_rope_scores_depend_only_on_relative_position():
-    q, k = torch.randn(8), torch.randn(8)
-    def score(m, n):
-        cq, sq = rope_angles(torch.tensor([m]), 8)
-        ck, sk = rope_angles(torch.tensor([n]), 8)
-        return (apply_rope(q[None], cq, sq) @ apply_rope(k[None], ck, sk).T).item()
-    assert score(5, 2) == pytest.approx(score(105, 102), abs=1e-4)
-    assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
 
 
 def test_rope_model_generates_and_its_later_tokens_do_not_leak():

@@ -12,6 +12,7 @@ from torch import nn
 
 from conftest import ROOT
 from gpt.config import GPTConfig
+from gpt.designs import registry as designs
 from gpt.errors import ConfigError
 from gpt.model import GPT
 from gpt.train.config import TrainConfig
@@ -180,3 +181,29 @@ def test_the_modern_recipe_reaches_adamws_final_loss_in_70_percent_of_the_steps_
     assert sorted(modern) == [0, 70, 140, 200]
     assert modern[140] <= adamw[200], (modern, adamw)  # AdamW's final loss within 140 of its 200 steps
     assert modern[200] <= adamw[200] - 0.03, (modern, adamw)  # measured gap ~0.3 nats
+
+
+@pytest.mark.parametrize("name", designs.available())
+def test_every_designs_block_matrices_go_to_muon_and_its_other_parameters_to_adamw(name):
+    """The split for each registered design (its arena preset on a small model), and a step of recipe=modern."""
+    preset = designs.get(name).on_preset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**CONFIG.to_dict(), **preset}))
+    split = split_parameters(model)
+    muon, decay = {n for n, _ in split.muon}, {n for n, _ in split.adamw_decay}
+    no_decay = {n for n, _ in split.adamw_no_decay}
+    block_linears = {f"transformer.h.{path}.weight" for path, m in model.transformer.h.named_modules()
+                     if isinstance(m, nn.Linear)}
+    assert muon == block_linears and muon  # every projection inside the blocks, whatever the design names it
+    for i in range(CONFIG.n_layer):  # GPT-2's own projections are there for every design
+        assert {f"transformer.h.{i}.attn.c_proj.weight", f"transformer.h.{i}.mlp.c_fc.weight",
+                f"transformer.h.{i}.mlp.c_proj.weight"} <= muon
+    named = dict(model.named_parameters())
+    assert all(named[n].dim() == 2 for n in muon) and "transformer.wte.weight" in decay
+    assert {n for n, p in named.items() if p.dim() < 2} == no_decay  # gains, biases, a design's scalars and vectors
+    assert muon | decay | no_decay == set(named) and not (muon & decay or muon & no_decay or decay & no_decay)
+    optimizer = make_optimizer(model, TrainConfig(optimizer="muon", schedule="wsd"), CPU)
+    before = {n: p.detach().clone() for n, p in named.items()}
+    step(model, [optimizer], 0)
+    assert all(not torch.equal(before[n], named[n]) for n in muon), name  # Muon moved each of its matrices
+    assert all(torch.isfinite(p).all() for p in model.parameters())

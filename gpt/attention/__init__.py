@@ -2,8 +2,8 @@
 
 Built in: manual, einsum, heads, sdpa (gpt.attention.kernels) and flex (gpt.attention.flex). Each
 declares what it can do when it registers (a KernelSpec); check_trainable and check_options read
-that to refuse, before training starts, a kernel that cannot do what the config asks. Also here:
-rotary position embeddings (rope) and the general MultiHeadAttention module.
+that to refuse, before training starts, a kernel that cannot do what the config asks. Also here: the general
+MultiHeadAttention module. The attention designs (RoPE, QK-norm, MLA, ...) are gpt.designs.
 """
 
 from gpt.attention import flex as _flex  # noqa: F401  (registers flex)

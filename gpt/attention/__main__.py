@@ -6,7 +6,10 @@ import sys
 
 import torch
 
+from gpt import attention
 from gpt.attention import support
+from gpt.designs import registry as designs
+from gpt.designs.registry import spell
 from gpt.device import resolve_device
 
 
@@ -29,13 +32,30 @@ def main(argv: list[str] | None = None) -> None:
             print(f"    its registration {line} (fix the register(...) call)")
     print("\nforward/backward: inference / training; gqa: fewer key-value heads; window: sliding window;"
           "\nmask: a boolean mask (True = may attend); backends: what attention.backend=<name> can pin here."
-          "\nScore variants (model options that need them): softcap: logit soft-capping (model.attn_softcap);"
-          "\nbias: an additive score bias (model.pos_embedding=alibi); sink: a sink logit per head (model.attn_sink)."
-          "\nmodel.qk_norm (QK-norm) and model.pos_embedding=rope act on q and k before the kernel: any kernel."
-          "\nmodel.diff_attn (differential attention) calls the kernel twice, on the halves of q and k: any kernel."
-          "\nmodel.linear_attn=elu1 (causal linear attention) uses no kernel: gpt.attention.linear computes it."
-          "\nmodel.mla_latent (multi-head latent attention) gives the kernel q and k wider than v: any kernel."
-          "\nmodel.sink_tokens (StreamingLLM, with model.window) is a mask: any kernel.")
+          "\nsoftcap, bias, sink: score modifiers, which the designs below ask of a kernel.\n")
+    print(designs_table())
+
+
+def designs_table() -> str:
+    """The attention designs (gpt.designs), from their registrations: the setting that turns each on, the kernels
+    that can compute it, what its KV cache keeps, the export formats that hold it."""
+    rows = []
+    for name in designs.available():
+        design = designs.get(name)
+        kernels = designs.kernels_for(design)
+        preset = " ".join(f"model.{k}={spell(v)}" for k, v in design.on_preset().items())
+        rows.append({"design": name, "arena preset": preset,
+                     "kernels": "its own" if not design.uses_kernel else
+                     "any" if kernels == attention.available() else " ".join(kernels),
+                     "cache": design.cache.__name__ if design.cache else "keys, values",
+                     "exports": " ".join(design.exports)})
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    lines = ["attention designs (gpt.designs; bring your own: designs=[file.py] or GPT_DESIGNS):", "",
+             "  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in columns) for r in rows]
+    lines += [""] + [f"{name}: {designs.get(name).about}" for name in designs.available()]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

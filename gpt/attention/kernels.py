@@ -193,7 +193,7 @@ def _sdpa(q, k, v, causal, mask, dropout_p, scale, window, bias) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=scale,
                                               enable_gqa=gqa)
     empty_rows = ~allowed.any(dim=-1, keepdim=True)
-    any_empty = bool(empty_rows.any())
+    any_empty = torch.compiler.is_compiling() or bool(empty_rows.any())  # compiled: no branch on the data
     if any_empty:  # let empty rows attend everywhere (keeps the softmax finite), then zero their output
         allowed = allowed | empty_rows
     attn_mask = allowed if bias is None else torch.where(allowed, bias.to(q.dtype), float("-inf"))

@@ -29,14 +29,6 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None, wi
     return allowed
 
 
-def sink_band(t: int, window: int, sinks: int, key_mask: Tensor | None, device: torch.device) -> Tensor:
-    """(B or 1, 1, T, T) bool: query i sees the keys of its causal window and the first ``sinks`` keys (StreamingLLM's
-    attention sinks), and only real keys where a (B, T) key_mask marks left padding."""
-    first = torch.arange(t, device=device) < sinks  # (T,) the sink keys
-    allowed = (causal_mask(t, t, device, window) | (causal_mask(t, t, device) & first))[None, None]
-    return allowed if key_mask is None else allowed & key_mask[:, None, None, :]
-
-
 def combine(
     t_q: int, t_k: int, causal: bool, mask: Tensor | None, device: torch.device, window: int | None = None
 ) -> Tensor | None:

@@ -3,8 +3,9 @@
 Fused kernels (sdpa, flex) never materialise the weights, so the recorder recomputes them explicitly from
 the q, k, v each layer hands its kernel (after RoPE, with GQA heads and the window and padding masks as
 the kernel sees them). All kernels compute the same function, so the pictures hold for any of them.
-A layer with causal linear attention (no kernel) has its ``linear_kernel`` swapped instead; a differential
-layer (diff_attn) calls its kernel twice, so it records two maps (gpt.visualize combines them).
+A layer that computes its attention without a kernel (linear attention) appends its weights to ``recorded``
+itself; a layer that calls its kernel more than once (differential attention) combines its calls into one
+picture with its ``attention_map``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from contextlib import contextmanager
 from torch import Tensor, nn
 
 from gpt.attention import scores as score_variants
-from gpt.attention.linear import linear_weights
 from gpt.attention.masks import combine, expand_kv
 
 
@@ -36,33 +36,41 @@ def attention_weights(
     return weights if allowed is None else weights.masked_fill(~allowed, 0.0)
 
 
+def recording_kernel(calls: list[Tensor]):
+    """A kernel that appends its weights (B, H, Tq, Tk) to ``calls`` and returns what any kernel would."""
+
+    def recorder(q, k, v, *, causal=True, mask=None, dropout_p=0.0, scale=None, window=None, **variants):
+        weights = attention_weights(q, k, causal=causal, mask=mask, window=window, scale=scale, **variants)
+        calls.append(weights.detach())
+        _, v = expand_kv(q, v, v)
+        return (weights @ v.float()).to(q.dtype)
+
+    return recorder
+
+
 @contextmanager
 def record_attention(model: nn.Module) -> Iterator[list[Tensor]]:
     """Within the block, each forward pass appends every attention layer's weights (B, H, Tq, Tk), in order."""
     recorded: list[Tensor] = []
     layers = [m for m in model.modules() if hasattr(m, "kernel") and hasattr(m, "c_proj")]
-    originals = [(layer.kernel, getattr(layer, "linear_kernel", None)) for layer in layers]
+    originals = [layer.kernel for layer in layers]
+    hooks = []
 
-    def recorder(q, k, v, *, causal=True, mask=None, dropout_p=0.0, scale=None, window=None, **variants):
-        weights = attention_weights(q, k, causal=causal, mask=mask, window=window, scale=scale, **variants)
-        recorded.append(weights.detach())
-        _, v = expand_kv(q, v, v)
-        return (weights @ v.float()).to(q.dtype)
+    def finish(layer: nn.Module, calls: list[Tensor]) -> None:
+        """After a layer's forward: its picture, from what it recorded (one map, or its own combination)."""
+        if calls:
+            combined = getattr(layer, "attention_map", None)
+            recorded.append(combined(calls) if combined is not None and len(calls) > 1 else calls[0])
+        calls.clear()
 
-    def linear_recorder(original):
-        def record(q, k, v, feature="elu1", state=None, key_mask=None):
-            recorded.append(linear_weights(q, k, feature, key_mask).detach())  # these tokens' own keys
-            return original(q, k, v, feature, state, key_mask)
-        return record
-
-    for layer, (_, linear) in zip(layers, originals):
-        layer.kernel = recorder
-        if linear is not None:
-            layer.linear_kernel = linear_recorder(linear)
+    for layer in layers:
+        calls: list[Tensor] = []
+        layer.kernel, layer.recorded = recording_kernel(calls), calls
+        hooks.append(layer.register_forward_hook(lambda module, args, out, calls=calls: finish(module, calls)))
     try:
         yield recorded
     finally:
-        for layer, (kernel, linear) in zip(layers, originals):
+        for layer, kernel, hook in zip(layers, originals, hooks):
             layer.kernel = kernel
-            if linear is not None:
-                layer.linear_kernel = linear
+            del layer.recorded  # back to the class's None
+            hook.remove()

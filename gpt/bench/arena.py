@@ -23,25 +23,17 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from gpt.config import AttentionConfig, GPTConfig, ModelConfig
+from gpt.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
+from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, check_positive
 from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
 
-PRESETS: dict[str, dict[str, Any]] = {
+CORE_PRESETS: dict[str, dict[str, Any]] = {  # the core's own settings; each attention design brings its preset
     "gpt2": {},  # learned positions, full multi-head attention: the baseline
-    "rope": {"pos_embedding": "rope"},
-    "alibi": {"pos_embedding": "alibi"},
-    "qk_norm": {"qk_norm": True},
-    "softcap": {"attn_softcap": 15.0, "attention": "manual"},  # soft-capping needs a kernel that forms the scores
-    "sink": {"attn_sink": True, "attention": "manual"},
-    "diff": {"diff_attn": True},  # differential attention: two softmax maps per head, the second subtracted
-    "linear": {"linear_attn": "elu1"},  # causal linear attention: a running state instead of a KV cache
-    "mla": {"mla_latent": 32},  # multi-head latent attention: the cache keeps a 32-wide latent (+ d_R) per token
     "window": {"window": 16},  # a sliding window of 16 tokens: a KV cache that stops growing
-    "stream": {"window": 16, "sink_tokens": 4},  # the same window plus 4 sink tokens (StreamingLLM)
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
@@ -82,11 +74,10 @@ class ArenaSettings:
 
 
 @dataclass
-class ArenaConfig:
+class ArenaConfig(ScriptConfig):
     """scripts/arena.py (configs/arena.yaml): the base model and training shared by every variant."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
     data: DataConfig = field(default_factory=DataConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     train: TrainConfig = field(default_factory=TrainConfig)  # max_iters and eval_interval come from the arena
@@ -99,9 +90,15 @@ class ArenaConfig:
         variant_runs(self)  # every variant's model and training config, validated before anything runs
 
 
+def presets() -> dict[str, dict[str, Any]]:
+    """Every preset: the core's, then one per registered design (its Design.preset), a user's design included."""
+    return {**CORE_PRESETS, **{name: designs.get(name).on_preset() for name in designs.available()}}
+
+
 def parse_variant(spec: str) -> dict[str, Any]:
-    """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+``."""
-    known = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+    """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+`` (the designs a
+    user brought, named by several parts, add up)."""
+    known, table = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"], presets()
     overrides: dict[str, Any] = {}
     for part in str(spec).split("+"):
         part = part.strip()
@@ -112,11 +109,14 @@ def parse_variant(spec: str) -> dict[str, Any]:
                 raise ConfigError(f"arena.variants: {key!r} in {spec!r} is not a model field",
                                   hint=f"model fields: {', '.join(known)}")
             overrides[name] = yaml.safe_load(value)
-        elif part in PRESETS:
-            overrides.update(PRESETS[part])
+        elif part in table:
+            named = overrides.get("designs", []) + table[part].get("designs", [])
+            overrides.update(table[part])
+            if named:
+                overrides["designs"] = named
         else:
             raise ConfigError(f"arena.variants: unknown preset {part!r} in {spec!r}",
-                              hint=f"presets: {', '.join(PRESETS)}; or model.<field>=<value>, joined by +")
+                              hint=f"presets: {', '.join(table)}; or model.<field>=<value>, joined by +")
     return overrides
 
 
@@ -128,7 +128,6 @@ def variant_name(spec: str) -> str:
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
     """(name, RunConfig) per variant: the base model with the variant's overrides, the budget as optimizer steps."""
     base = {f.name: getattr(cfg.model, f.name) for f in fields(ModelConfig)}
-    base["attention"], base["attention_backend"] = cfg.attention.name, cfg.attention.backend
     if cfg.arena.quick:
         base.update(QUICK_MODEL)
     runs = []
@@ -150,9 +149,8 @@ def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
                         max_seconds=cfg.arena.seconds,
                         eval_iters=min(train.eval_iters, 2) if cfg.arena.quick else train.eval_iters)
         name = variant_name(spec) + (f"@{recipe_name}" if recipe_name else "")
-        runs.append((name, RunConfig(model=model, attention=AttentionConfig(model.attention, model.attention_backend),
-                                     data=cfg.data, device=cfg.device, train=train, precision=cfg.precision,
-                                     seed=cfg.seed, out_dir=str(Path(cfg.out_dir) / name))))
+        runs.append((name, RunConfig(model=model, data=cfg.data, device=cfg.device, train=train,
+                                     precision=cfg.precision, seed=cfg.seed, out_dir=str(Path(cfg.out_dir) / name))))
     return runs
 
 
@@ -180,17 +178,16 @@ def loss_curve(run_dir: Path, tokens_per_step: int, started: float) -> list[dict
 
 
 def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
-    """Bytes the KV cache holds per cached token: every layer's keys and values (n_kv_head heads), measured on a
-    cache filled by a one-token prompt. A sliding-window ring holds at most `window` tokens whatever the context
-    (plus its sink tokens' keys, each a cached token too); linear attention holds a fixed state (counted here over
-    block_size tokens, what a full context costs)."""
+    """Bytes the KV cache holds per cached token: every layer's keys and values (n_kv_head heads), or a design's own
+    kind, measured on a cache filled by a one-token prompt, over the tokens its slots stand for (a window's ring, its
+    sink tokens; a fixed state such as linear attention's over block_size tokens, what a full context costs)."""
     from gpt.kv_cache import KVCache
 
     cache = KVCache(model.config, batch_size=1, device=device)
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache)
     held = sum(layer.held_bytes() for layer in cache.layers)  # linear attention: its fixed state, over block_size
-    return held / (cache.size + cache.sinks)
+    return held / cache.layers[0].tokens
 
 
 def decode_rate(model: torch.nn.Module, n_tokens: int, device: torch.device) -> float:

@@ -10,26 +10,26 @@ import torch
 
 from gpt import GPT
 from gpt.bench.report import markdown_table, median_seconds
-from gpt.config import AttentionConfig, ModelConfig
-from gpt.decoding import generate
+from gpt.config import ModelConfig, ScriptConfig
+from gpt.decoding import compiled_decode_step, decode_step, generate
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
 from gpt.pretrained import load_model
 
 
 @dataclass
-class BenchDecodeConfig:
+class BenchDecodeConfig(ScriptConfig):
     """scripts/bench_decode.py's settings (configs/bench_decode.yaml), checked as they are built."""
 
     ckpt: Optional[str] = None  # a trained model; default: random weights of `model`
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)  # the kernel of the random-weight model
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
     new_tokens: int = 500
     prompt_lens: list[int] = field(default_factory=lambda: [1, 64])
     batch_size: int = 1
     repeats: int = 3
+    compile: bool = False  # also time the cached decoding step compiled once (gpt.decoding.compiled_decode_step)
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats")
@@ -53,21 +53,24 @@ def run(cfg: BenchDecodeConfig) -> str:
         f"attention={mc.attention}, device {device}, batch {cfg.batch_size}, {cfg.new_tokens} new tokens, "
         f"median of {cfg.repeats}"
     )
+    steps = {"KV cache": decode_step, **({"KV cache, compiled": compiled_decode_step()} if cfg.compile else {})}
     rows = []
     for prompt_len in cfg.prompt_lens:
         prompt = torch.randint(0, mc.vocab_size, (cfg.batch_size, min(prompt_len, mc.block_size)), device=device)
         with torch.no_grad():
             prefill = median_seconds(partial(model, prompt), device, cfg.repeats)
         speed = {}
-        for kv_cache in (True, False):
-            decode = partial(generate, model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv_cache)
-            seconds = median_seconds(decode, device, cfg.repeats)
-            speed[kv_cache] = cfg.new_tokens * cfg.batch_size / seconds
+        for name, kv_cache, step in [*((n, True, s) for n, s in steps.items()), ("recompute", False, decode_step)]:
+            decode = partial(generate, model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv_cache, step=step)
+            if name.endswith("compiled"):
+                decode()  # the one compilation, outside the timing
+            speed[name] = cfg.new_tokens * cfg.batch_size / median_seconds(decode, device, cfg.repeats)
         rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
-                     f"{speed[True]:,.0f}", f"{speed[False]:,.0f}", f"{speed[True] / speed[False]:.1f}x"])
+                     *(f"{speed[name]:,.0f}" for name in speed),
+                     *(f"{speed[name] / speed['recompute']:.1f}x" for name in steps)])
     table = markdown_table(
-        ["prompt tokens", "prefill ms", "prefill tok/s", "decode tok/s (KV cache)", "decode tok/s (recompute)",
-         "cache speed-up"],
+        ["prompt tokens", "prefill ms", "prefill tok/s", *(f"decode tok/s ({name})" for name in [*steps, "recompute"]),
+         *(f"speed-up ({name})" for name in steps)],
         rows,
     )
     return header + "\n\n" + table

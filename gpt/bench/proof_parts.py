@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from gpt import GPT, attention
-from gpt.bench.arena import PRESETS
-from gpt.config import AttentionConfig, ModelConfig
+from gpt.bench.arena import presets
+from gpt.config import ModelConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError
@@ -44,7 +44,7 @@ class Sizes:
     decode_tokens: int
     flex_model: dict
     flex_steps: int
-    arena_variants: list[str] = field(default_factory=lambda: [p for p in PRESETS])
+    arena_variants: list[str] = field(default_factory=lambda: list(presets()))
     arena_tokens: int = 16_384
     data: str = "stdlib"  # stdlib: this Python's standard library as characters; tiny: a small corpus written here
 
@@ -71,7 +71,7 @@ def status(ok: bool) -> str:
 
 def designs() -> dict[str, dict[str, Any]]:
     """Every design to check: the arena's presets, without the kernel a preset picks (every kernel is tried)."""
-    return {name: {k: v for k, v in options.items() if k != "attention"} for name, options in PRESETS.items()}
+    return {name: {k: v for k, v in options.items() if k != "attention"} for name, options in presets().items()}
 
 
 # --- every kernel and design against float64 -------------------------------------------------------------------
@@ -160,8 +160,7 @@ def loop_run(s: Sizes, out: Path, name: str, model: dict, batch: int, steps: int
     from gpt.train.trainer import train
 
     run_dir = out / "runs" / name
-    run = RunConfig(model=ModelConfig(**model, attention=kernel, attention_backend=backend),
-                    attention=AttentionConfig(kernel, backend), data=data_config(s, out),
+    run = RunConfig(model=ModelConfig(**model, attention=kernel, attention_backend=backend), data=data_config(s, out),
                     device=DeviceConfig(s.device), precision=s.precision, out_dir=str(run_dir),
                     train=TrainConfig(max_iters=steps, batch_size=batch, eval_interval=eval_interval or steps,
                                       eval_iters=2, log_interval=s.log_interval, sample_tokens=sample_tokens,

@@ -19,7 +19,7 @@ import torch
 from gpt import attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
-from gpt.config import AttentionConfig, GPTConfig, ModelConfig
+from gpt.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.device import PRECISIONS, DeviceConfig, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import ConfigError, check_positive
 from gpt.model import GPT
@@ -31,11 +31,10 @@ from gpt.train.parallelize import apply_activation_checkpointing
 
 
 @dataclass
-class BenchTrainConfig:
+class BenchTrainConfig(ScriptConfig):
     """scripts/bench_train.py (configs/bench_train.yaml)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     threads: Optional[int] = None  # CPU: torch's intra-op threads (default: one per core)
     vocab_size: int = 256  # unless model.vocab_size is set (e.g. 50304 for GPT-2's padded vocabulary)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpt.config import MISSING
+from gpt.config import MISSING, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError, check_positive
@@ -21,7 +21,7 @@ class HellaSwagConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(ScriptConfig):
     ckpt: str = MISSING  # a run folder, a checkpoint file, an export folder, or gpt2* (with init_path)
     init_path: Optional[str] = None  # with ckpt=gpt2*: a local Hugging Face GPT-2 folder or .safetensors file
     task: str = "heldout"  # heldout: a full pass over a split | hellaswag: the multiple-choice benchmark

@@ -15,17 +15,20 @@ sdpa and flex) keep two of them per head; dropout keeps a one-byte mask per drop
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpt.config import AttentionConfig, GPTConfig, ModelConfig
+from gpt.config import GPTConfig, ModelConfig, ScriptConfig
+from gpt.designs import registry as designs
 from gpt.device import PRECISIONS
 from gpt.errors import ConfigError, check_positive
+from gpt.kv_cache import LayerKV
 from gpt.train.config import TrainConfig
 
 MEMORY_EFFICIENT_KERNELS = ("sdpa", "flex")  # never hold the T x T scores (flash / fused kernels)
@@ -63,8 +66,8 @@ class Plan:
 
 def count_params(config: GPTConfig) -> tuple[int, int]:
     """(all parameters, parameters of one Block), the tied token embedding counted once: the model itself, built
-    on the meta device (no memory), so every variant's extra parameters (QK-norm gains, sinks, lambdas) count."""
-    return _count_params(tuple(sorted(config.to_dict().items())))
+    on the meta device (no memory), so every design's extra parameters (QK-norm gains, sinks, lambdas) count."""
+    return _count_params(json.dumps(config.to_dict(), sort_keys=True))
 
 
 class _WithoutRandomInit(TorchFunctionMode):
@@ -78,12 +81,12 @@ class _WithoutRandomInit(TorchFunctionMode):
 
 
 @functools.lru_cache(maxsize=16)
-def _count_params(fields: tuple[tuple[str, Any], ...]) -> tuple[int, int]:
-    """count_params for a config given as hashable items (the planner asks again for every batch it tries);
+def _count_params(fields: str) -> tuple[int, int]:
+    """count_params for a config given as JSON (hashable: the planner asks again for every batch it tries);
     a one-layer model is built, as every Block has the same parameters."""
     from gpt.model import GPT
 
-    config = GPTConfig(**dict(fields))
+    config = GPTConfig(**json.loads(fields))
     with torch.device("meta"), _WithoutRandomInit():
         model = GPT(replace(config, n_layer=1))
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
@@ -91,48 +94,29 @@ def _count_params(fields: tuple[tuple[str, Any], ...]) -> tuple[int, int]:
 
 
 def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
-    """Bytes one Block keeps for its backward on a (batch, seq) micro-batch, computing in ``act``-byte floats."""
+    """Bytes one Block keeps for its backward on a (batch, seq) micro-batch, computing in ``act``-byte floats:
+    GPT-2's attention through the configured kernel, and what each design keeps beyond it (Design.activations,
+    counted with saved-tensor hooks on CPU; tests/test_designs.py checks the totals)."""
     n, c, h = batch * seq, config.n_embd, config.n_head
     kv = config.n_kv_head * config.head_dim
+    fused = config.attention in MEMORY_EFFICIENT_KERNELS
     saved = n * 2 * 4 * c  # LayerNorm inputs: the fp32 residual stream
     saved += n * act * (2 * c + (c + 2 * kv) + c + 8 * c)  # ln outputs, q/k/v, attention output, MLP
     saved += n * 4 * (h + 4)  # log-sum-exp per head, mean and 1/std of both LayerNorms
-    if config.pos_embedding == "rope":
-        saved += n * act * (c + kv)  # the rotated q and k
     if kv != c:
         saved += n * act * 2 * (c - kv)  # k and v repeated up to n_head heads
-    if config.attention not in MEMORY_EFFICIENT_KERNELS:
+    if not fused:
         saved += 2 * batch * h * seq * seq * act  # scores and probabilities
     if config.dropout > 0:
         saved += 2 * n * c  # the residual dropouts' masks (one byte per element)
-        if config.attention not in MEMORY_EFFICIENT_KERNELS:
+        if not fused:
             saved += batch * h * seq * seq
-    return saved + variant_activations(config, batch, seq, act)
+    return saved + sum(d.activations(config, batch, seq, act, fused) for d in designs.active(config))
 
 
-def variant_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
-    """Bytes one Block's attention variant keeps beyond softmax attention through the configured kernel: the
-    tensors autograd saves, counted with saved-tensor hooks on CPU (tests/test_memory.py checks the totals).
-
-    Their (B, nh, T, T) maps: linear attention computes its masked weights itself. diff_attn and mla_latent give
-    SDPA q and k narrower or wider than v, which its fused kernels refuse on the CPU, so its math backend runs
-    them, keeping each call's probabilities in float32 whatever the precision. On CUDA the memory-efficient kernel
-    may take those shapes (not measured: no GPU); the plan is then high by those maps."""
-    n, c, h = batch * seq, config.n_embd, config.n_head
-    kv = config.n_kv_head * config.head_dim
-    one_map = batch * h * seq * seq * act
-    fused = config.attention in MEMORY_EFFICIENT_KERNELS
-    math_map = batch * h * seq * seq * 4  # probabilities kept by SDPA's math backend (float32)
-    if config.linear_attn is not None:  # the weights; phi(q), phi(k), elu's outputs, the numerator: no kernel at all
-        return one_map - (0 if fused else 2 * one_map) + n * act * (4 * c + 2 * kv)
-    if config.diff_attn:  # a second kernel call; both halves' q and k, both outputs, their difference
-        upcast = n * (4 - act) * 2 * 2 * c if fused else 0  # each call's float32 q, k (hs/2 each) and v
-        return 2 * (math_map if fused else one_map) + upcast + n * act * (4 * c + 2 * (c - kv))
-    if config.mla_latent is not None:  # q, k of hs + d_R per head, the latent; no c_attn output, no log-sum-exp
-        d_r = config.mla_rope_dim or 0
-        upcast = n * (4 - act) * (3 * c + 2 * h * d_r) if fused else 0  # the math backend's float32 q, k, v
-        return (math_map if fused else 0) + upcast + n * act * (config.mla_latent + 2 * h * d_r) - n * 4 * h
-    return 0
+def kv_bytes_per_token(config: GPTConfig, number_bytes: int = 2) -> float:
+    """Bytes the KV cache keeps per cached token, every layer: keys and values, or a design's own kind."""
+    return config.n_layer * (designs.cache_kind(config) or LayerKV).bytes_per_token(config, number_bytes)
 
 
 def activations(config: GPTConfig, batch: int, seq: int, act: int, checkpointing: bool) -> int:
@@ -198,11 +182,10 @@ def parse_bytes(text: str) -> int:
 
 
 @dataclass
-class MemoryConfig:
+class MemoryConfig(ScriptConfig):
     """python -m gpt.memory (configs/memory.yaml): the run to plan, in the training configs' own groups."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)  # batch_size, fsdp, activation_checkpointing
     precision: str = "bf16"  # fp32 | bf16 | fp16 (auto means bf16: the planner plans for GPUs)
     world_size: int = 1  # processes (GPUs) of the run: FSDP shards the weights and AdamW state over them
@@ -226,6 +209,16 @@ class MemoryConfig:
 
 def gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB"
+
+
+def kv_cache_line(config: GPTConfig, number_bytes: int) -> str:
+    """What sampling from the model keeps in its KV cache, per token and for a full context of one sequence."""
+    from gpt.kv_cache import KVCache
+
+    tokens = KVCache(config, 1, "meta").layers[0].tokens  # the slots it keeps (a window's ring, sink tokens)
+    per_token = kv_bytes_per_token(config, number_bytes)
+    return (f"KV cache when sampling: {per_token:,.0f} bytes per token, {per_token * tokens / 2**20:,.2f} MiB per "
+            f"sequence of {tokens} tokens")
 
 
 def describe(cfg: MemoryConfig) -> str:
@@ -254,6 +247,7 @@ def describe(cfg: MemoryConfig) -> str:
         f"  logit gradients          {gib(p.backward_transient)}",
         f"  peak                     {gib(p.peak)}  (start of backward {gib(p.backward_peak)}, "
         f"optimizer step {gib(p.step_peak)})",
+        kv_cache_line(config, 4 if precision == "fp32" else 2),
     ]
     if cfg.gpu_memory is not None:
         budget = parse_bytes(cfg.gpu_memory)

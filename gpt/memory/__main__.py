@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from gpt.cli import report_user_errors
 from gpt.memory import describe
-from gpt.schema import register, typed
+from gpt.schema import register, renamed, typed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def run() -> str:
         with initialize_config_dir(config_dir=str(configs), version_base=None):
-            return describe(typed(compose(config_name="memory", overrides=argv)))
+            return describe(typed(compose(config_name="memory", overrides=renamed(argv))))
 
     print(report_user_errors(run))
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpt.config import MISSING, AttentionConfig, ModelConfig
+from gpt.config import MISSING, ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError
@@ -81,11 +81,10 @@ class TrainConfig:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(ScriptConfig):
     """A whole training run, as scripts/train.py composes it (configs/train.yaml)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
     data: DataConfig = field(default_factory=DataConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -3,6 +3,7 @@
 
 Slopes form a geometric sequence: for n heads (a power of two) m_h = 2^(-8 (h + 1) / n); for other counts the
 paper takes the sequence of the next lower power of two and fills up with every other slope of twice that.
+The bias reaches the kernel as its ``bias`` keyword (a kernel option), built once per forward pass.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from gpt.designs.registry import Design, register
 
 
 def alibi_slopes(n_head: int) -> Tensor:
@@ -31,3 +34,29 @@ def alibi_bias(n_head: int, q_index: Tensor, k_index: Tensor) -> Tensor:
     """
     distance = (q_index[:, None] - k_index[None, :]).to(torch.float32)  # (Tq, Tk)
     return -alibi_slopes(n_head).to(q_index.device)[:, None, None] * distance
+
+
+class Alibi(Design):
+    name = "alibi"
+    about = "a linear distance penalty per head added to the scores, instead of the learned position table"
+    paper = "Press, Smith and Lewis 2022, Train Short, Test Long"
+    switch, on = "pos_embedding", "alibi"
+    positional = True
+    kernel_options = ("bias",)
+    cases = {"alone": {"pos_embedding": "alibi"}, "window+mqa": {"pos_embedding": "alibi", "window": 5, "n_kv_head": 1},
+             "with every score part": {"pos_embedding": "alibi", "qk_norm": True, "attn_softcap": 3.0,
+                                       "attn_sink": True, "n_kv_head": 2}}
+
+    def context(self, ctx, config) -> None:
+        keys = ctx.index if ctx.cache is None else ctx.cache.key_index(ctx)  # (Tk,) the keys' indices, in order
+        ctx.extras["alibi"] = alibi_bias(config.n_head, ctx.index, keys)  # distances in the sequence
+
+    def scores(self, layer, ctx):
+        return {"bias": ctx.extras["alibi"]}
+
+    def ref_score(self, layer, s, i, keys, head):
+        slope = float(alibi_slopes(layer.n_head)[head])
+        return s - slope * torch.tensor([i - j for j in keys], dtype=torch.float64)
+
+
+register(Alibi())

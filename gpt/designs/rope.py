@@ -1,0 +1,78 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021): rotate each pair of q/k features by an angle proportional to
+position, instead of GPT-2's learned position table.
+
+Feature pair (x[i], x[i + D/2]) at position p is rotated by p * base^(-2i/D). The dot product of a rotated query at
+p and a rotated key at p' then depends only on p - p': relative positions for free. The angles come from explicit
+positions, so a caller that processes tokens 100..107 (a KV cache) passes those positions. MLA (gpt.designs.mla)
+rotates its decoupled features with the same functions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gpt.designs.registry import Design, register
+from gpt.errors import ConfigError
+
+
+def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotation angles, each (..., T, head_dim // 2), for integer positions (..., T)."""
+    if head_dim % 2 != 0:
+        raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}")
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (..., T, D) by the angles (T, D/2): first half of the features paired with the second."""
+    dtype = torch.promote_types(x.dtype, torch.float32)  # rotate bf16/fp16 in fp32
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.to(x.dtype)
+
+
+def angles_for(ctx, width: int, key: str = "rope") -> tuple[Tensor, Tensor]:
+    """The angles of this forward pass's positions for ``width`` features, computed by the first layer that asks
+    and kept in the context for the others: (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
+    if key not in ctx.extras:
+        cos, sin = rope_angles(ctx.positions, width)
+        ctx.extras[key] = (cos, sin) if ctx.positions.dim() == 1 else (cos[:, None], sin[:, None])
+    return ctx.extras[key]
+
+
+def rotate(x: Tensor, position: int) -> Tensor:
+    """Float64 reference: RoPE on one vector x (d,), feature i paired with i + d/2, angle position * 10000^(-2i/d)."""
+    d = x.numel()
+    angle = position * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    a, b = x[: d // 2], x[d // 2:]
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()])
+
+
+class Rope(Design):
+    name = "rope"
+    about = "rotary position embeddings on q and k instead of the learned position table"
+    paper = "Su et al. 2021, RoFormer"
+    switch, on = "pos_embedding", "rope"
+    positional = True
+    cases = {"alone": {"pos_embedding": "rope"}, "gqa+window": {"pos_embedding": "rope", "n_kv_head": 2, "window": 5},
+             "mqa+qk_norm": {"pos_embedding": "rope", "n_kv_head": 1, "qk_norm": True}}
+
+    def check(self, config) -> None:
+        if self.enabled(config) and config.head_dim % 2 != 0:
+            raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {config.head_dim}")
+
+    def qk(self, layer, q, k, ctx):
+        cos, sin = angles_for(ctx, layer.qk_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def activations(self, config, batch, seq, act, fused) -> int:
+        return batch * seq * act * (config.n_embd + config.n_kv_head * config.head_dim)  # the rotated q and k
+
+    def ref_qk(self, layer, x, position, kind):
+        return rotate(x, position)
+
+
+register(Rope())

@@ -1,0 +1,34 @@
+"""A sink logit per head (attention sinks, as in gpt-oss): a learned logit joins every softmax and takes its share of
+the weight without a value, so a head may attend "nowhere"."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpt.designs.registry import Design, check_bool, register
+
+
+class Sink(Design):
+    name = "sink"
+    about = "a learned sink logit per head joins every softmax (the weight may go nowhere)"
+    paper = "Xiao et al. 2023 (attention sinks); OpenAI 2025, gpt-oss (a learned sink per head)"
+    switch = "attn_sink"
+    kernel_options = ("sink",)
+    preset = {"attn_sink": True, "attention": "manual"}
+    cases = {"alone": {"attn_sink": True}}
+
+    def check(self, config) -> None:
+        check_bool(config, "attn_sink")
+
+    def build(self, layer, config) -> None:
+        layer.sink = nn.Parameter(torch.zeros(config.n_head))  # (nh,) logits
+
+    def scores(self, layer, ctx):
+        return {"sink": layer.sink}
+
+    def ref_sink(self, layer, head):
+        return torch.exp(layer.sink[head].double())
+
+
+register(Sink())
