@@ -10,6 +10,7 @@ Writes go through gpt.files.atomic_write, so no file is ever torn.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from gpt.files import atomic_write, load_archive
 
 LATEST = "ckpt.pt"  # the latest training state, rewritten at every evaluation and at the end
 BEST = "best.pt"  # the model with the best validation loss so far
+KEPT = "checkpoints"  # train.keep_checkpoints=true: every evaluation's checkpoint, step-NNNNNNNN.pt (or a folder)
 MODEL_ENTRIES = ("model", "model_config", "tokenizer")
 
 
@@ -189,6 +191,39 @@ def latest(run_dir: Path) -> Path | None:
     if single.is_file() and single.stat().st_mtime > (run_dir / sharded.ROOT / sharded.POINTER).stat().st_mtime:
         return single
     return folder
+
+
+def keep(run_dir: Path, step: int) -> Path:
+    """Keep run_dir's latest checkpoint as run_dir/checkpoints/step-NNNNNNNN.pt (a sharded one as a step folder of
+    that name): hard links where the file system has them (no copy; every write replaces files, never edits them),
+    else copies, committed by one rename."""
+    source = latest(run_dir)
+    if source is None:
+        raise UserError(f"{run_dir} holds no checkpoint to keep")
+    target = run_dir / KEPT / (f"step-{step:08d}" if source.is_dir() else f"step-{step:08d}.pt")
+    temporary = target.with_name(f".{target.name}.tmp")
+    try:
+        target.parent.mkdir(exist_ok=True)
+        for old in (temporary, target):
+            shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
+        if source.is_dir():
+            temporary.mkdir()
+            for file in source.iterdir():
+                _link_or_copy(file, temporary / file.name)
+        else:
+            _link_or_copy(source, temporary)
+        os.replace(temporary, target)
+    except OSError as err:
+        raise UserError(f"could not keep the checkpoint of step {step} in {target.parent}: {err.strerror or err}",
+                        hint="free disk space, or set train.keep_checkpoints=false") from None
+    return target
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def run_dir_of(path: Path) -> Path:

@@ -14,6 +14,7 @@ from gpt import attention
 from gpt.designs import registry as designs
 from gpt.errors import ConfigError
 
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
@@ -32,6 +33,9 @@ class GPTConfig:
     vocab_size: int = 50257
     dropout: float = 0.0
     bias: bool = True
+    activation: str = "gelu_tanh"  # the MLP's: gelu_tanh (GPT-2's) | gelu (exact) | relu2 (ReLU squared)
+    tie_head: bool = True  # the output head is the token embedding (GPT-2); false: a head of its own
+    zero_init_proj: bool = False  # the blocks' output projections (c_proj) start at zero, not GPT-2's scaled normal
     attention: str = "sdpa"
     n_kv_head: Optional[int] = None  # key/value heads: None = n_head (GPT-2); fewer = grouped-query; 1 = multi-query
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
@@ -50,7 +54,8 @@ class GPTConfig:
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew (designs declare theirs: Design.runtime).
-    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window")
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window",
+                                                 "zero_init_proj")
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -77,7 +82,16 @@ class GPTConfig:
         self._check_designs()
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        self._check_core_options()
         self._check_kernel()
+
+    def _check_core_options(self) -> None:
+        """The MLP's activation and the head's and projections' switches."""
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        for name in ("tie_head", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
 
     def _check_designs(self) -> None:
         """The attention designs' fields: the lists' types, a known position scheme, then each design's checks."""

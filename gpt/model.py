@@ -117,17 +117,19 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: expand 4x, GELU (tanh approximation, as GPT-2), project back."""
+    """Position-wise feed-forward: expand 4x, the activation (GPT-2's tanh GELU by default), project back."""
+
+    ACTIVATIONS = dict(gelu_tanh=lambda h: F.gelu(h, approximate="tanh"), gelu=F.gelu, relu2=lambda h: F.relu(h) ** 2)
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")
+        self.act = self.ACTIVATIONS[config.activation]
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -158,14 +160,13 @@ class GPT(nn.Module):
         self.transformer.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
         self.transformer.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
+        if config.tie_head:
+            self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
         self.designs = designs.active(config)  # whose per-forward values go into the Context
         self.apply(self._init_weights)
-        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
-        # variance does not grow with depth (two residual additions per block).
         for name, param in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            if name.endswith("c_proj.weight"):  # GPT-2: / sqrt(2 * n_layer); zero_init_proj: std 0 (same draws)
+                nn.init.normal_(param, std=0.0 if config.zero_init_proj else 0.02 / math.sqrt(2 * config.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

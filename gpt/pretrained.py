@@ -100,7 +100,8 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
     out = Path(out_dir).expanduser()
     hf.check_out_dir(out, overwrite)
     if format == "native":
-        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()
+                   if k != "lm_head.weight" or not config.tie_head}  # a tied head is wte: written once
         meta = {"format": EXPORT_FORMAT, "model_config": config.to_dict(), "tokenizer": tokenizer}
         hf.write_folder(out, tensors, {"format": EXPORT_FORMAT},
                         {"config.json": json.dumps(meta, indent=1, ensure_ascii=False)})
@@ -127,7 +128,7 @@ def is_export(path: str | Path) -> bool:
 
 
 def read_native(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
-    """A folder written by export(format=native): its GPTConfig, state dict (head re-tied) and tokenizer
+    """A folder written by export(format=native): its GPTConfig, state dict (a tied head re-tied) and tokenizer
     description; shapes not yet checked."""
     path = Path(path)
     meta = Record(hf.read_json(path / "config.json"), str(path / "config.json"),
@@ -138,7 +139,7 @@ def read_native(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
     config = checkpoint.model_config_from(meta.record("model_config").value, path / "config.json")
     tokenizer = meta.record("tokenizer").value
     state = hf.load_safetensors(path / hf.WEIGHTS)
-    if "transformer.wte.weight" in state:
+    if config.tie_head and "transformer.wte.weight" in state:  # an untied head's own tensor is in the file
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return config, state, tokenizer
 

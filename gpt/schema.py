@@ -121,6 +121,7 @@ SCHEMAS = {
     "bench_attention": "gpt.bench.attention:BenchAttentionConfig",
     "bench_train": "gpt.bench.train:BenchTrainConfig",
     "arena": "gpt.bench.arena:ArenaConfig",
+    "time_to_loss": "gpt.bench.time_to_loss:TimeToLossConfig",
     "memory": "gpt.memory:MemoryConfig",
     "serve": "gpt.serve.config:ServeConfig",
     "bench_serve": "gpt.bench.serve:BenchServeConfig",

@@ -119,3 +119,32 @@ def test_quick_arena_trains_scores_and_reports_each_variant(tmp_path, data_args)
     assert (out / "arena_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run_script("arena", "arena.quick=true", "arena.variants=[gpt2]", "device=cpu", f"out_dir={out}", *data_args)
     assert again.returncode == 2 and "already holds a run" in again.stderr
+
+
+def test_the_recipe_axis_trains_every_variant_under_each_recipe_with_its_own_design():
+    runs = dict(variant_runs(arena_config("arena.variants=[gpt2,alibi]", "arena.recipes=[gpt2,modern]",
+                                          "arena.tokens=100000", "device=cpu", "out_dir=/tmp/x")))
+    assert list(runs) == ["gpt2@gpt2", "gpt2@modern", "alibi@gpt2", "alibi@modern"]
+    for name, run in runs.items():
+        recipe = name.split("@")[1]
+        assert (run.train.optimizer, run.train.schedule) == {"gpt2": ("adamw", "cosine"), "modern": ("muon", "wsd")}[
+            recipe], name
+        assert run.model.pos_embedding == ("alibi" if name.startswith("alibi") else "learned"), name
+        assert run.out_dir == f"/tmp/x/{name}" and run.train.max_iters == math.ceil(100_000 / (16 * 128))
+    composed = dict(variant_runs(arena_config("recipe=modern", "arena.variants=[gpt2]", "device=cpu")))
+    assert composed["gpt2"].train.optimizer == "muon"  # without the axis: the composed recipe=
+    with pytest.raises(ConfigError, match="unknown recipe 'fast'"):
+        arena_config("arena.recipes=[fast]")
+
+
+@pytest.mark.slow
+def test_quick_arena_runs_a_variant_under_both_recipes(tmp_path, data_args):
+    out = tmp_path / "arena"
+    result = run_script("arena", "arena.quick=true", "arena.variants=[gpt2]", "arena.recipes=[gpt2,modern]",
+                        "device=cpu", f"out_dir={out}", *data_args, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out / "arena.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert sorted(rows) == ["gpt2@gpt2", "gpt2@modern"] and all(r["error"] == "" for r in rows.values())
+    assert "optimizer muon, schedule wsd" in result.stdout
+    assert "each under recipe gpt2 and modern" in (out / "arena.md").read_text()

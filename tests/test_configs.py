@@ -88,7 +88,7 @@ SCRIPT_CONFIGS = {
     "export": (["ckpt=runs/x"], "ExportConfig"),
     "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
-    "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"),
+    "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"), "time_to_loss": ([], "TimeToLossConfig"),
     "serve": (["ckpt=runs/x"], "ServeConfig"), "bench_serve": ([], "BenchServeConfig"),
     "train_tokenizer": (["out=tokenizers/x"], "TrainTokenizerConfig"), "eval_tokenizer": ([], "EvalTokenizerConfig"),
 }

@@ -264,7 +264,8 @@ def test_export_then_import_is_lossless(tmp_path, fmt, bias):
 
 
 @pytest.mark.parametrize("option, value", [("pos_embedding", "rope"), ("n_kv_head", 1), ("window", 4),
-                                           ("diff_attn", True), ("linear_attn", "elu1"), ("mla_latent", 8)])
+                                           ("diff_attn", True), ("linear_attn", "elu1"), ("mla_latent", 8),
+                                           ("activation", "relu2"), ("activation", "gelu"), ("tie_head", False)])
 def test_unrepresentable_models_export_only_natively(tmp_path, option, value):
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size, **{option: value})
     model = randomised(config)

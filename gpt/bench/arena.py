@@ -28,6 +28,7 @@ from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError, check_positive
 from gpt.files import output_path
+from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
 from gpt.validate import parse_yaml_value
 
@@ -54,6 +55,8 @@ class ArenaSettings:
     curve_points: int = 8  # evaluations during training: the points of the loss-against-tokens plot
     decode_tokens: int = 128  # greedy tokens timed with the KV cache (batch 1)
     timeout_s: float = 3600.0  # a variant (training and evaluation) still running after this fails
+    recipes: list[str] = field(default_factory=list)  # every variant under each recipe (configs/recipe/); [] the
+    # composed recipe= alone. A recipe sets training and model options, never the attention design.
 
     def __post_init__(self) -> None:
         check_positive(self, "tokens", "curve_points", "decode_tokens", "timeout_s", prefix="arena.")
@@ -65,6 +68,10 @@ class ArenaSettings:
         names = [variant_name(s) for s in self.variants]
         if len(set(names)) != len(names):
             raise ConfigError(f"arena.variants names a variant twice: {list(self.variants)}")
+        for name in self.recipes:
+            recipe.settings(name)
+        if len(set(self.recipes)) != len(self.recipes):
+            raise ConfigError(f"arena.recipes names a recipe twice: {list(self.recipes)}")
 
 
 @dataclass
@@ -129,21 +136,24 @@ def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
     if cfg.arena.quick:
         base.update(QUICK_MODEL)
     runs = []
-    for spec in cfg.arena.variants:
+    for spec, recipe_name in [(s, r) for s in cfg.arena.variants for r in cfg.arena.recipes or [None]]:
         overrides = parse_variant(spec)
         if "attention" in overrides:
             overrides.setdefault("attention_backend", None)  # a backend belongs to the base kernel
+        fields_, train = {**base, **overrides}, cfg.train
+        if recipe_name is not None:  # the recipe's training and model options; the variant's design stays
+            fields_, train = recipe.apply(recipe_name, fields_, train)
         try:  # ModelConfig validates: a kernel that cannot compute the variant is refused, naming the option
-            model = ModelConfig(**{**base, **overrides})
+            model = ModelConfig(**fields_)
         except ConfigError as err:
             raise ConfigError(f"arena variant {spec!r}: {err}", hint=err.hint) from None
-        steps = math.ceil(budget(cfg) / (cfg.train.batch_size * cfg.train.grad_accum * model.block_size))
+        steps = math.ceil(budget(cfg) / (train.batch_size * train.grad_accum * model.block_size))
         points = min(cfg.arena.curve_points, 4) if cfg.arena.quick else cfg.arena.curve_points
-        train = replace(cfg.train, max_iters=steps, eval_interval=max(1, steps // points),
-                        warmup_iters=min(cfg.train.warmup_iters, steps // 10), lr_decay_iters=None,
+        train = replace(train, max_iters=steps, eval_interval=max(1, steps // points),
+                        warmup_iters=min(train.warmup_iters, steps // 10), lr_decay_iters=None,
                         max_seconds=cfg.arena.seconds,
-                        eval_iters=min(cfg.train.eval_iters, 2) if cfg.arena.quick else cfg.train.eval_iters)
-        name = variant_name(spec)
+                        eval_iters=min(train.eval_iters, 2) if cfg.arena.quick else train.eval_iters)
+        name = variant_name(spec) + (f"@{recipe_name}" if recipe_name else "")
         runs.append((name, RunConfig(model=model, data=cfg.data, device=cfg.device, train=train,
                                      precision=cfg.precision, seed=cfg.seed, out_dir=str(Path(cfg.out_dir) / name))))
     return runs
@@ -252,6 +262,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     from gpt.device import resolve_device
 
     runs = variant_runs(cfg)
+    specs = [spec for spec in cfg.arena.variants for _ in cfg.arena.recipes or [None]]  # in variant_runs' order
     for _, variant in runs:
         if (Path(variant.out_dir) / checkpoint.LATEST).exists():
             raise ConfigError(f"{variant.out_dir} already holds a run: the arena trains every variant from scratch",
@@ -263,11 +274,12 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     for i, (name, variant) in enumerate(runs, 1):
         log(f"[{i}/{len(runs)}] {name}: {variant.train.max_iters} steps of "
             f"{variant.train.batch_size * variant.train.grad_accum * variant.model.block_size} tokens, "
-            f"attention={variant.model.attention}")
+            f"attention={variant.model.attention}, optimizer {variant.train.optimizer}, "
+            f"schedule {variant.train.schedule}")
         kwargs = dict(run=variant, eval_n=eval_tokens(cfg), decode_tokens=cfg.arena.decode_tokens)
         result = (run_isolated(run_variant, kwargs, cfg.arena.timeout_s) if device.type == "cpu"
                   else run_here(run_variant, kwargs))
-        rows.append({"variant": name, "spec": cfg.arena.variants[i - 1], **result})
+        rows.append({"variant": name, "spec": specs[i - 1], **result})
         log(f"    {describe(rows[-1])}")
         if result.get("stop") and "interrupted" in result.get("error", ""):
             break
@@ -291,9 +303,16 @@ def header(cfg: ArenaConfig, rows: list[dict[str, Any]]) -> str:
     scored = next((r["val_tokens"] for r in rows if "val_tokens" in r), None)
     return (f"Base model: {model['n_layer']} layers, {model['n_head']} heads, {model['n_embd']} wide, context "
             f"{model['block_size']}; data {cfg.data.name}; seed {cfg.seed}; batch {cfg.train.batch_size} x "
-            f"{cfg.train.grad_accum}; budget {budget_text(cfg)} per variant; held-out: "
+            f"{cfg.train.grad_accum}; {recipes_text(cfg)}; budget {budget_text(cfg)} per variant; held-out: "
             + (f"{scored:,} val tokens scored" if scored else f"first {eval_tokens(cfg) or 'all'} val tokens")
             + " (full pass, every target once).")
+
+
+def recipes_text(cfg: ArenaConfig) -> str:
+    """The training the variants shared: each recipe of the axis, or the composed optimizer and schedule."""
+    if cfg.arena.recipes:
+        return f"each under recipe {' and '.join(cfg.arena.recipes)} (variant@recipe)"
+    return f"optimizer {cfg.train.optimizer}, schedule {cfg.train.schedule}"
 
 
 def budget_text(cfg: ArenaConfig) -> str:

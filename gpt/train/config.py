@@ -17,6 +17,9 @@ from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError
 from gpt.files import output_path
 
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd", "constant")
+
 
 @dataclass
 class TrainConfig:
@@ -25,13 +28,19 @@ class TrainConfig:
     max_iters: int = 1600  # optimizer steps
     batch_size: int = 32  # sequences per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
-    learning_rate: float = 2e-3
-    min_lr: Optional[float] = None  # end of the cosine decay; default learning_rate / 10
+    optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: gpt.train.muon)
+    learning_rate: float = 2e-3  # AdamW's (all parameters, or those Muon does not take)
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant, each after the linear warmup
+    min_lr: Optional[float] = None  # where the cosine or WSD decay ends; default learning_rate / 10
     warmup_iters: int = 100
-    lr_decay_iters: Optional[int] = None  # default max_iters
-    weight_decay: float = 0.1
+    lr_decay_iters: Optional[int] = None  # cosine: the step its decay ends; default max_iters
+    decay_frac: float = 0.2  # wsd: the fraction of max_iters at the end whose learning rate decays (linearly)
+    weight_decay: float = 0.1  # AdamW's, on 2-D parameters
     beta1: float = 0.9
     beta2: float = 0.95
+    muon_lr: float = 0.02  # optimizer=muon: Muon's learning rate (the schedule scales it like learning_rate)
+    muon_momentum: float = 0.95  # Muon's Nesterov momentum
+    muon_weight_decay: float = 0.0  # Muon's decoupled weight decay
     grad_clip: float = 1.0  # 0 disables clipping
     eval_interval: int = 400
     eval_iters: int = 40
@@ -42,21 +51,27 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory, ~1/3 slower)
     fsdp: bool = False  # under torchrun: shard weights, gradients and AdamW state over the processes (FSDP2)
     max_seconds: Optional[float] = None  # wall-clock budget of this launch: then evaluate, save and finish early
+    keep_checkpoints: bool = False  # keep every evaluation's checkpoint in out_dir/checkpoints/ (for decay_from)
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
             self._check(name, lambda v: v > 0, "positive")
         for name in ("warmup_iters", "sample_tokens", "skip_nonfinite"):
             self._check(name, lambda v: v >= 0, "non-negative")
-        self._check("learning_rate", lambda v: math.isfinite(v) and v > 0, "positive")
+        self._check("optimizer", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
+        self._check("schedule", lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}")
+        for name in ("learning_rate", "muon_lr"):
+            self._check(name, lambda v: math.isfinite(v) and v > 0, "positive")
+        self._check("decay_frac", lambda v: 0 < v <= 1, "in (0, 1]")
+        self._check("muon_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
         self._check("min_lr", lambda v: v is None or 0 <= v <= self.learning_rate, "in [0, train.learning_rate]")
         self._check("lr_decay_iters", lambda v: v is None or v > 0, "positive or null")
         self._check("max_seconds", lambda v: v is None or (math.isfinite(v) and v > 0), "positive or null")
-        for name in ("weight_decay", "grad_clip"):
+        for name in ("weight_decay", "muon_weight_decay", "grad_clip"):
             self._check(name, lambda v: math.isfinite(v) and v >= 0, "non-negative")
         for name in ("beta1", "beta2"):
             self._check(name, lambda v: 0 <= v < 1, "in [0, 1)")
-        for name in ("activation_checkpointing", "fsdp"):
+        for name in ("activation_checkpointing", "fsdp", "keep_checkpoints"):
             self._check(name, lambda v: isinstance(v, bool), "true or false")
 
     def _check(self, name: str, ok: Callable[[Any], bool], expected: str) -> None:
@@ -80,6 +95,7 @@ class RunConfig(ScriptConfig):
     resume: bool = False  # continue the run in out_dir from its ckpt.pt
     init_from: Optional[str] = None  # start from weights: gpt2* (OpenAI's), a run directory, .pt file or export
     init_path: Optional[str] = None  # with init_from=gpt2*: a local Hugging Face folder or .safetensors file
+    decay_from: Optional[str] = None  # schedule=wsd: decay from this checkpoint of a stable phase (gpt.train.decay)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -92,3 +108,6 @@ class RunConfig(ScriptConfig):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} is empty", hint=f"give {name}=<a path or name>, or leave it out (null)")
         output_path(self.out_dir, "out_dir", folder=True)  # never the current folder, never below a file
+        if self.decay_from is not None and self.init_from is not None:
+            raise ConfigError("decay_from and init_from cannot be combined: decay_from continues a run's whole "
+                              "training state", hint="drop init_from")

@@ -49,6 +49,14 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     if not resume:
         raise UserError(f"{run_dir} already holds a checkpoint ({path.relative_to(run_dir)}) from an earlier run",
                         hint="pass resume=true to continue it, or choose another out_dir")
+    return checked_state(path, model_config, tokenizer, config, log)
+
+
+def checked_state(path: Path, model_config: GPTConfig, tokenizer: dict[str, Any], config: dict[str, Any],
+                  log: Callable[[str], None], verb: str = "resume") -> dict[str, Any]:
+    """The training state of a checkpoint file or sharded step folder, refused (UserError) when this run cannot
+    continue it: no training entries, another model shape, another tokenizer, another optimizer, damaged entries.
+    Other changed settings are logged. ``verb`` names what the run does with it in the messages."""
     state = checkpoint.load(path) if path.is_file() else sharded_state(path)
     missing = [k for k in TRAINING_ENTRIES if k not in state]
     if missing:
@@ -57,19 +65,25 @@ def resume_state(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
     checkpoint.read_model(state, path)  # its entries' types and the weights' shapes, before comparing them
     diffs = model_config.shape_differences(state["model_config"])
     if diffs:
-        raise UserError(f"cannot resume {path} with a model of another shape: {'; '.join(diffs)}",
-                        hint="resume with the run's model settings, or start a new run in another out_dir")
+        raise UserError(f"cannot {verb} {path} with a model of another shape: {'; '.join(diffs)}",
+                        hint="use the run's model settings, or start a new run in another out_dir")
     if state.get("tokenizer") != tokenizer:
-        raise UserError(f"cannot resume {path}: its tokenizer ({_describe(state.get('tokenizer'))}) is not the data's "
-                        f"({_describe(tokenizer)})", hint="resume with the data.* settings the run was trained with")
+        raise UserError(f"cannot {verb} {path}: its tokenizer ({_describe(state.get('tokenizer'))}) is not the "
+                        f"data's ({_describe(tokenizer)})", hint="use the data.* settings the run was trained with")
     check_training_entries(state, path)
+    before = flatten(state.get("config") if isinstance(state.get("config"), dict) else {})
+    now = flatten(config)
+    optimizer = before.get("train.optimizer", "adamw")  # checkpoints from before train.optimizer: AdamW
+    if optimizer != now.get("train.optimizer"):
+        raise UserError(f"cannot {verb} {path} with train.optimizer={now.get('train.optimizer')}: it was trained "
+                        f"with train.optimizer={optimizer} (the optimizer's state would not fit)",
+                        hint=f"add train.optimizer={optimizer} (or the run's recipe=), or start a new run")
     if "sharded" in state:
         del state["model"]  # its shapes are checked; every rank reads its own part of the tensors
-    before, now = flatten(state.get("config") if isinstance(state.get("config"), dict) else {}), flatten(config)
     changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
-               if k not in ("out_dir", "resume") and before.get(k) != now.get(k)]
+               if k not in ("out_dir", "resume", "decay_from") and before.get(k) != now.get(k)]
     if changed:
-        log("note: resuming with changed settings: " + "; ".join(changed))
+        log(f"note: {'resuming' if verb == 'resume' else 'decaying'} with changed settings: " + "; ".join(changed))
     return state
 
 
@@ -117,14 +131,18 @@ def check_training_entries(state: dict[str, Any], path: Path) -> None:
 
 
 def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer: dict[str, Any],
-                 config: dict[str, Any], lock: checkpoint.FolderLock,
-                 log: Callable[[str], None]) -> dict[str, Any] | None:
-    """Rank 0: the state to resume from (None: afresh), with run_dir created, writable and locked for this run."""
+                 config: dict[str, Any], lock: checkpoint.FolderLock, log: Callable[[str], None],
+                 decay_from: Path | None = None) -> tuple[dict[str, Any] | None, Path | None]:
+    """Rank 0: the state to continue (None: afresh) and where it comes from, with run_dir created, writable and
+    locked for this run. The state is run_dir's own (resume=true), else that of ``decay_from`` (gpt.train.decay)."""
     for name in RUN_FILES:  # refused now, not when the first save fails after training
         if (run_dir / name).exists() and not (run_dir / name).is_file():
             raise UserError(f"{run_dir / name} is a folder, where the run writes its {name} file",
                             hint="move it away, or choose another out_dir")
     state = resume_state(run_dir, resume, model_config, tokenizer, config, log)
+    source = checkpoint.latest(run_dir) if state is not None else None
+    if state is None and decay_from is not None:
+        state, source = checked_state(decay_from, model_config, tokenizer, config, log, verb="decay from"), decay_from
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(run_dir, os.W_OK):
@@ -135,12 +153,25 @@ def open_run_dir(run_dir: Path, resume: bool, model_config: GPTConfig, tokenizer
                         hint="choose another out_dir=, a folder you can write to") from None
     lock.remove_stale_temporaries()
     sharded.remove_uncommitted(run_dir)  # step folders of a save cut short
-    return state
+    return state, source
 
 
 def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
     """The command line that continues this run: same overrides, out_dir pinned, resume=true."""
-    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("out_dir", "resume")]
+    return _command(overrides, script, [f"out_dir={run_dir}", "resume=true"])
+
+
+def decay_command(overrides: list[str], kept: Path, out_dir: Path, script: str) -> str:
+    """The command line that finishes a model from a kept checkpoint of this WSD run (gpt.train.decay)."""
+    return _command(overrides, script, [f"decay_from={kept}", f"out_dir={out_dir}"],
+                    drop=("train.max_iters", "train.keep_checkpoints"))
+
+
+def _command(overrides: list[str], script: str, pinned: list[str], drop: tuple[str, ...] = ()) -> str:
+    """This launch's command (python, or torchrun with its process counts) with the overrides, those of ``pinned``'s
+    keys (and resume, decay_from, ``drop``) replaced by ``pinned``."""
+    replaced = {"out_dir", "resume", "decay_from", *drop} | {p.split("=", 1)[0] for p in pinned}
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in replaced]
     world = env_world_size()
     if world > 1:
         local = env_local_world_size()
@@ -150,4 +181,4 @@ def resume_command(overrides: list[str], run_dir: Path, script: str) -> str:
             launch += f" --nnodes={nodes} <same rendezvous options>"
     else:
         launch = "python"
-    return " ".join([launch, script, *map(shlex.quote, keep), shlex.quote(f"out_dir={run_dir}"), "resume=true"])
+    return " ".join([launch, script, *map(shlex.quote, keep), *map(shlex.quote, pinned)])

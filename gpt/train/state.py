@@ -123,11 +123,12 @@ class Checkpointer:
         """The latest checkpoint written: ckpt.pt, or the committed sharded step folder."""
         return checkpoint.latest(self.run_dir) or self.run_dir / checkpoint.LATEST
 
-    def save(self, state: TrainState, best: bool) -> None:
+    def save(self, state: TrainState, best: bool, keep: bool = False) -> None:
         """Checkpoint ``state``; every rank calls this (RNG states are gathered) and all see a failure.
 
         A sharded model (FSDP) is saved sharded, each rank writing its part (gpt.sharded_checkpoint); otherwise
-        rank 0 writes ckpt.pt. Either one replaces the other kind, so a run directory holds one latest state."""
+        rank 0 writes ckpt.pt. Either one replaces the other kind, so a run directory holds one latest state.
+        ``keep``: also keep this one in run_dir/checkpoints/ (train.keep_checkpoints, for decay_from)."""
         rngs = distributed.gather(rng_state(), self.ranks)
         if parallelize.is_sharded(state.model):
             self._save_sharded(state, rngs)
@@ -135,6 +136,8 @@ class Checkpointer:
         else:
             weights, training = state.model.state_dict(), state.state_dict(rngs)
             self._main_writes(lambda: self._write_single(weights, state, training))
+        if keep:
+            self._main_writes(lambda: checkpoint.keep(self.run_dir, state.step))
         if best:
             self._main_writes(lambda: checkpoint.save(self._model_entries(weights, state), self.run_dir / BEST))
 

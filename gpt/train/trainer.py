@@ -20,13 +20,13 @@ import torch
 from gpt import attention, checkpoint
 from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import UserError
-from gpt.train import build, distributed, metrics, parallelize, visuals
+from gpt.train import build, decay, distributed, metrics, optim, parallelize, visuals
 from gpt.train.config import RunConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.evaluate import estimate_loss, val_metrics
-from gpt.train.optim import learning_rate
+from gpt.train.optim import learning_rate, set_learning_rate
 from gpt.train.records import RunRecords, Summary
-from gpt.train.resume import open_run_dir, resume_command
+from gpt.train.resume import decay_command, open_run_dir, resume_command
 from gpt.train.signals import SignalGuard
 from gpt.train.state import Checkpointer
 
@@ -91,9 +91,13 @@ class Trainer:
 
     def __init__(self, run: RunConfig, run_dir: Path, ranks: Ranks, device: torch.device, precision: str,
                  lock: checkpoint.FolderLock, log: Callable[[str], None]) -> None:
-        self.run, self.train_config, self.run_dir, self.ranks = run, run.train, run_dir, ranks
+        self.run_dir, self.ranks = run_dir, ranks
         self.device, self.precision, self.autocast = device, precision, autocast(device, precision)  # for sampling
         self.started = time.time()
+        decay_source = None
+        if run.decay_from is not None:  # the run ends where a WSD run decaying from that checkpoint ends
+            run, decay_source = self._on_main(lambda: decay.plan(run, log))
+        self.run, self.train_config = run, run.train
         self.records = RunRecords(run_dir, log, enabled=ranks.is_main)
         self.run_record = asdict(run)
         self.data = build.load_data(run, ranks, log)
@@ -106,14 +110,15 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         tokenizer = self.data.tokenizer.to_meta()
-        resume_from = self._on_main(
-            lambda: open_run_dir(run_dir, run.resume, self.model_config, tokenizer, self.run_record, lock, log))
+        resume_from, source = self._on_main(lambda: open_run_dir(
+            run_dir, run.resume, self.model_config, tokenizer, self.run_record, lock, log, decay_source))
         self.resumed = resume_from is not None
         self.out_of_time = False  # train.max_seconds passed (agreed by all ranks at the last step)
         self.state = build.initial_state(self.model_config, run, self.data, precision, device, ranks)
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
-            log(f"resumed from {resume_from.get('sharded') or run_dir / checkpoint.LATEST} at step {self.state.step}")
+            how = "decaying" if source == decay_source else "resumed"
+            log(f"{how} from {source} at step {self.state.step}")
         elif init_weights is not None:
             parallelize.load_model_state(self.state.model, init_weights)
         del resume_from, init_weights
@@ -155,7 +160,22 @@ class Trainer:
         except BaseException:
             self.records.close()  # TensorBoard keeps what was logged before the stop
             raise
+        if self.train_config.keep_checkpoints and self.train_config.schedule == "wsd":
+            self.say_decay_command(overrides, script)
         return self.finish(interrupted_by, overrides, resume_command(overrides, self.run_dir, script))
+
+    def say_decay_command(self, overrides: list[str], script: str) -> None:
+        """How to finish a model from a kept checkpoint of this WSD run's stable phase (the latest one)."""
+        train = self.train_config
+        stable_end = train.max_iters - optim.decay_iters(train.max_iters, train.decay_frac)
+        kept = {int(path.name[5:13]): path for path in (self.run_dir / checkpoint.KEPT).glob("step-*")}
+        stable = [step for step in kept if train.warmup_iters <= step <= stable_end]
+        if stable:
+            step = max(stable)
+            command = decay_command(overrides, kept[step], self.run_dir.with_name(f"{self.run_dir.name}-decay{step}"),
+                                    script)
+            self.records.log(f"kept {len(kept)} checkpoints in {kept[step].parent}; decay one of the stable phase "
+                             f"into a finished model (its step is where the decay starts), e.g.:\n{command}")
 
     def describe(self) -> str:
         c, train, world = self.model_config, self.train_config, self.ranks.world_size
@@ -167,7 +187,8 @@ class Trainer:
             f"context {c.block_size}, attention={c.attention}); "
             f"device {self.device} x {world} ({self.precision}{fused})\n"
             f"batch: {train.batch_size} sequences x {train.grad_accum} micro-steps x {world} process(es) "
-            f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step"
+            f"x {c.block_size} tokens = {self.tokens_per_step:,} tokens per optimizer step\n"
+            + optim.describe(self.state.model, train)
         )
 
     def evaluation_due(self) -> bool:
@@ -194,7 +215,7 @@ class Trainer:
         if not train.fsdp:  # samples run on rank 0 alone; a sharded model needs every rank
             self.records.pictures(lambda writer: visuals.log_samples(
                 writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step))
-        self.checkpointer.save(state, best=improved)
+        self.checkpointer.save(state, best=improved, keep=train.keep_checkpoints)
         bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                          f"val ppl {val['ppl']:.2f}{bpb}")
@@ -204,8 +225,7 @@ class Trainer:
         """One optimizer step: grad_accum micro-steps, clipping, one agreement of all ranks, the update."""
         started, state = time.time(), self.state
         lr = learning_rate(state.step, self.train_config)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(state.optimizer, lr, self.train_config)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.train_config.grad_accum):
             loss_sum += self.forward_backward(last=micro == self.train_config.grad_accum - 1)
