@@ -39,8 +39,9 @@ def kernels(p: dict[str, Any]) -> str:
             f"relative error against float64: fp32 {num(w['fp32'])}, bf16 {num(w['bf16'])}, fp32 gradients "
             f"{num(w['grad'])}.")
     bad = [r for r in p["rows"] if r["status"] == "fail"]
-    rows = [[r["design"], r["kernel"], num(r["fp32"]), num(r["bf16"]), num(r.get("grad")), r["backward"]] for r in bad]
-    return head + ("\n\n" + markdown_table(["design", "kernel", "fp32", "bf16", "grad", "backward"], rows)
+    rows = [[r["design"], r["kernel"], num(r.get("fp32")), num(r.get("bf16")), num(r.get("grad")),
+             r.get("backward", ""), r.get("why", "")] for r in bad]
+    return head + ("\n\n" + markdown_table(["design", "kernel", "fp32", "bf16", "grad", "backward", "why"], rows)
                    if rows else "")
 
 
@@ -53,10 +54,11 @@ def train(p: dict[str, Any]) -> str:
 
 
 def decode(p: dict[str, Any]) -> str:
-    rows = [[r["precision"], num(r["ours_ms"], ".2f"), num(r["ours_flash_ms"], ".2f"), num(r.get("transformers_ms"),
-             ".2f"), num(r.get("speedup_vs_transformers"), ".2f"), num(r.get("same_tokens_as_transformers"), ".2f")]
+    rows = [[r["precision"], num(r["ours_ms"], ".2f"), f'{num(r["ours_pinned_ms"], ".2f")} ({r["pinned_backend"]})',
+             num(r.get("transformers_ms"), ".2f"), num(r.get("speedup_vs_transformers"), ".2f"),
+             num(r.get("same_tokens_as_transformers"), ".2f")]
             for r in p["rows"]]
-    return (markdown_table(["precision", "ms/token", "ms/token, flash pinned", "transformers ms/token",
+    return (markdown_table(["precision", "ms/token", "ms/token, backend pinned", "transformers ms/token",
                             "speed-up", "tokens agreeing"], rows)
             + f"\n\n{p['new_tokens']} greedy tokens after a 16-token prompt, batch 1. Targets: {p['targets']}."
             + (f" Note: {p['note']}" if p.get("note") else ""))
