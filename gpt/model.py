@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt import attention
+from gpt.activations import ACTIVATIONS
 from gpt.config import GPTConfig
 from gpt.designs import registry as designs
 from gpt.kv_cache import KVCache, Step
@@ -119,12 +120,10 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """Position-wise feed-forward: expand 4x, the activation (GPT-2's tanh GELU by default), project back."""
 
-    ACTIVATIONS = dict(gelu_tanh=lambda h: F.gelu(h, approximate="tanh"), gelu=F.gelu, relu2=lambda h: F.relu(h) ** 2)
-
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = self.ACTIVATIONS[config.activation]
+        self.act = ACTIVATIONS[config.activation]
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
