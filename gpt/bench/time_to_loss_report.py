@@ -9,7 +9,7 @@ from typing import Any
 
 from gpt.bench.arena_report import write_csv
 from gpt.bench.report import markdown_table
-from gpt.checkpoint import atomic_write
+from gpt.files import atomic_write
 
 COLUMNS = ["recipe", "seed", "steps", "tokens", "seconds", "final_val_loss", "final_step", "tokens_per_s", "wall_s",
            "peak_mib"]
