@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from gpt.errors import UserError
+from gpt.errors import ConfigError, UserError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -115,32 +115,33 @@ def signals_deferred() -> Iterator[None]:
 
 
 def output_path(value: str | None, option: str, suffix: str | None = None, folder: bool = False) -> Path:
-    """The file (or with ``folder``, the folder) an output option names, refused with a UserError naming ``option``
+    """The file (or with ``folder``, the folder) an output option names, refused with a ConfigError naming ``option``
     when nothing could be written there as asked: an empty name, an existing folder where a file is wanted (or a
     file where a folder is), a name longer than the file system allows, a path below an existing file, or a file
     name without ``suffix`` (no other name is ever written in its place)."""
     text = "" if value is None else str(value)
     kind = "folder" if folder else "file"
     if not text.strip():
-        raise UserError(f"{option} is empty", hint=f"give {option}=<a {kind} path>")
+        raise ConfigError(f"{option} is empty", hint=f"give {option}=<a {kind} path>")
     path = Path(text).expanduser()
     for part in path.parts:
         if len(os.fsencode(part)) > 255:  # NAME_MAX of every common file system
-            raise UserError(f"{option}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, more than the 255 a "
-                            "file system allows", hint=f"give {option} a shorter name")
+            raise ConfigError(f"{option}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, more than the "
+                              "255 a file system allows", hint=f"give {option} a shorter name")
     try:
         if folder and path.exists() and not path.is_dir():
-            raise UserError(f"{option}={text} is a file, not a folder", hint=f"give {option} a folder path")
+            raise ConfigError(f"{option}={text} is a file, not a folder", hint=f"give {option} a folder path")
         if not folder and (path.is_dir() or text.endswith(("/", os.sep))):
-            raise UserError(f"{option}={text} is a folder",
+            raise ConfigError(f"{option}={text} is a folder",
                             hint=f"give {option} a file name, e.g. {option}={text.rstrip('/')}/out{suffix or ''}")
         below = next((parent for parent in path.parents if parent.exists()), None)
     except OSError as err:  # a path the system refuses to look at (too long as a whole, a loop of links)
-        raise UserError(f"{option}={text[:80]} is not a usable {kind} path: {err.strerror or err}") from None
+        raise ConfigError(f"{option}={text[:80]} is not a usable {kind} path: {err.strerror or err}") from None
     if not folder and suffix and (path.suffix.lower() != suffix or path.name.lower() == suffix):
-        raise UserError(f"{option} must name a {suffix} file, got {text!r}", hint=f"e.g. {option}=results/out{suffix}")
+        raise ConfigError(f"{option} must name a {suffix} file, got {text!r}",
+                          hint=f"e.g. {option}=results/out{suffix}")
     if below is not None and not below.is_dir():
-        raise UserError(f"{option}={text} is below {below}, which is a file, not a folder",
+        raise ConfigError(f"{option}={text} is below {below}, which is a file, not a folder",
                         hint=f"give {option} a path whose folders are folders")
     return path
 
