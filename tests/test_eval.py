@@ -117,7 +117,7 @@ def test_the_script_prints_a_table_and_writes_json_or_one_error_line(prepared, t
     bad = (tmp_path / "bad.jsonl")
     bad.write_text('{"activity_label": "a"}\n{oops\n')
     failed = run_script("eval", f"ckpt={run_dir}", "task=hellaswag", f"hellaswag.path={bad}", "device=cpu")
-    assert failed.returncode == 2 and failed.stderr.startswith(f"error: {bad}:1: missing field 'ctx_a'")
+    assert failed.returncode == 2 and failed.stderr.startswith(f"error: {bad}:1: ctx_a is missing")
     assert "Traceback" not in failed.stderr
     assert np.isfinite(json.loads(out.read_text())["loss"])  # the earlier results are untouched
 
