@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from gpt import memory, pretrained
+from gpt import tokenizer as tok
 from gpt.attention.backends import pin_for
 from gpt.config import GPTConfig
+from gpt.data.chat import ChatData, add_token_rows
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.data.sampler import make_sampler
@@ -30,8 +32,19 @@ from gpt.train.optim import make_optimizer
 from gpt.train.state import TrainState
 
 
-def load_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData:
-    """The run's token data, prepared by the first process of each node while the others wait."""
+def load_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData | ChatData:
+    """The run's token data, prepared by the first process of each node while the others wait; with chat.data,
+    the conversations, in the tokenizer of init_from (else data.*'s) with ChatML's tokens."""
+    if run.chat.data is not None:
+        init = pretrained.load_weights(run.init_from, run.init_path) if run.init_from else None
+        base = tok.from_meta(init[2]) if init else load_token_data(run, ranks, log).tokenizer
+        data = ChatData(run.chat, base, run.seed, log)
+        data.init_weights = init  # read once: build.model_config grows their vocabulary
+        return data
+    return load_token_data(run, ranks, log)
+
+
+def load_token_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData:
     if ranks.local_rank == 0:
         data_dir = prepare(run.data, log=log)
     distributed.barrier(ranks)
@@ -45,6 +58,13 @@ def model_config(run: RunConfig, data: TokenData, log: Callable[[str], None]) ->
     config = run.model.build(data.tokenizer.vocab_size)
     if not run.init_from:
         return config, None
+    if isinstance(data, ChatData):
+        init_config, init_state, init_tokenizer = data.init_weights
+        data.init_weights = None
+        init_config, init_state = add_token_rows(init_config, init_state, tok.from_meta(init_tokenizer),
+                                                 data.tokenizer)
+        log(f"initialised from {run.init_from} with ChatML's tokens ({data.tokenizer.vocab_size} tokens)")
+        return init_config.with_runtime_of(config), init_state
     init_config, init_state, init_tokenizer = pretrained.load_weights(run.init_from, run.init_path)
     if init_tokenizer != data.tokenizer.to_meta():  # every rank sees the same: a stop all agree on
         raise AbortRun(

@@ -131,7 +131,7 @@ class Trainer:
         self.throughput = metrics.Throughput(self.tokens_per_step)
         self.n_params = self.state.model.num_params()
         self.params = list(self.state.model.parameters())  # clipped every step: listed once
-        self.ahead: tuple[list[int], tuple[torch.Tensor, torch.Tensor]] | None = None  # next micro-batch, read early
+        self.ahead: tuple[list[int], tuple] | None = None  # next micro-batch, read early
         self.peak_flops = metrics.peak_flops(device, precision)
 
     def _on_main(self, fn: Callable[[], Any]) -> Any:
@@ -245,11 +245,12 @@ class Trainer:
 
     def forward_backward(self, last: bool) -> torch.Tensor:
         """One micro-step on the next batch; gradients are all-reduced only on the ``last`` one. Returns the loss."""
-        x, y = self.next_batch()
+        x, y, *extra = self.next_batch()  # chat data adds positions and the mask that keeps conversations apart
+        kwargs = extra[0] if extra else {}
         with parallelize.gradient_sync(self.train_model, last):
             try:
                 with self.forward_context:
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, **kwargs)
             except Exception as err:  # a compiler failure on first use: say so once, go eager
                 if not self.compiled_first_step:
                     raise
@@ -258,13 +259,13 @@ class Trainer:
                 self.model = self.state.model
                 self.train_model = build.data_parallel(self.model, self.device, self.ranks)
                 with self.forward_context:
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, **kwargs)
             self.compiled_first_step = False
             self.state.scaler.scale(loss / self.train_config.grad_accum).backward()
         self.read_ahead()  # the device is still busy with this micro-step: read the next one meanwhile
         return loss.detach().float()
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple:
         """This rank's windows of the next micro-batch, as the sampler hands them out (disjoint across ranks)."""
         starts = self.state.sampler.next()
         ahead, self.ahead = self.ahead, None
