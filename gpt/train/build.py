@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpt import memory, pretrained
+from gpt import lora, memory, pretrained
 from gpt import tokenizer as tok
 from gpt.attention.backends import pin_for
 from gpt.config import GPTConfig
@@ -108,13 +108,16 @@ def check_fits(config: GPTConfig, train: TrainConfig, precision: str, device: to
 
 
 def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision: str, device: torch.device,
-                  ranks: Ranks) -> TrainState:
+                  ranks: Ranks, base_weights: dict | None = None) -> TrainState:
     """The seeded model, AdamW, gradient scaler and training sampler (data.sampling) of step 0.
 
     Initial weights are rank 0's (as DDP broadcasts them); dropout masks and other randomness differ by rank.
+    With chat.lora_rank the model is ``base_weights`` with LoRA adapters, of which AdamW holds only what trains.
     """
     torch.manual_seed(run.seed)
     model = GPT(config).to(device)
+    if run.chat.lora_rank:
+        add_lora(model, run, data, base_weights)
     if run.train.activation_checkpointing:
         parallelize.apply_activation_checkpointing(model)
     if run.train.fsdp:  # before the optimizer: it must hold the shards
@@ -128,6 +131,17 @@ def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision:
     sampler = make_sampler(run.data.sampling, data, run.train.batch_size, config.block_size, run.seed, ranks.rank,
                            ranks.world_size)
     return TrainState(model, optimizer, scaler, sampler)
+
+
+def add_lora(model: GPT, run: RunConfig, data: ChatData, base_weights: dict | None) -> None:
+    """The base weights loaded, then the adapters (and the chat tokens' rows, where they were added) made trainable."""
+    if base_weights is None or run.train.fsdp:
+        raise UserError("chat.lora_rank needs init_from=<the base model> and no FSDP",
+                        hint="give init_from=<a run, checkpoint, export or gpt2*>, or train every weight")
+    model.load_state_dict(base_weights)
+    base = data.tokenizer.vocab_size - len(data.tokenizer.to_meta().get("added_tokens", []))
+    new_rows = [i for i in data.tokenizer.special_tokens.values() if i >= base]
+    lora.add_adapters(model, run.chat.lora_rank, run.chat.lora_alpha, run.chat.lora_dropout, new_rows)
 
 
 def compile_unavailable(device: torch.device) -> str | None:

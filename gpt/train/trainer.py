@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpt import attention, checkpoint
+from gpt import attention, checkpoint, lora
 from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.train import build, decay, distributed, metrics, optim, parallelize, visuals
@@ -114,7 +114,10 @@ class Trainer:
             run_dir, run.resume, self.model_config, tokenizer, self.run_record, lock, log, decay_source))
         self.resumed = resume_from is not None
         self.out_of_time = False  # train.max_seconds passed (agreed by all ranks at the last step)
-        self.state = build.initial_state(self.model_config, run, self.data, precision, device, ranks)
+        self.state = build.initial_state(self.model_config, run, self.data, precision, device, ranks, init_weights)
+        if run.chat.lora_rank:
+            init_weights = None  # the base of the adapters, loaded
+            log(lora.describe(self.state.model))
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
             how = "decaying" if source == decay_source else "resumed"
