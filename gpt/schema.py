@@ -113,6 +113,7 @@ def bring_designs(cfg: DictConfig) -> None:
 SCHEMAS = {
     "train": "gpt.train.config:RunConfig",
     "generate": "gpt.generate:GenerateConfig",
+    "chat": "gpt.chat:ChatCommandConfig",
     "prepare": "gpt.data.config:PrepareConfig",
     "export": "gpt.export:ExportConfig",
     "visualize": "gpt.visualize:VisualizeConfig",
