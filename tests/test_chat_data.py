@@ -149,7 +149,8 @@ def sft(tmp_path: Path, out: str, *extra: str) -> Path:
     register()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose(config_name="train", overrides=[
-            "device=cpu", f"init_from={tmp_path / 'base.pt'}", f"chat.data={data}", "train.batch_size=2",
+            "device=cpu", f"chat.data={data}", "train.batch_size=2",
+            *([] if any(e.startswith("init_from=") for e in extra) else [f"init_from={tmp_path / 'base.pt'}"]),
             "train.eval_iters=1", "train.sample_tokens=0", "train.warmup_iters=0", "train.learning_rate=1e-2",
             "train.schedule=constant",
             f"out_dir={tmp_path / out}", *extra])
