@@ -114,6 +114,7 @@ SCHEMAS = {
     "train": "gpt.train.config:RunConfig",
     "generate": "gpt.generate:GenerateConfig",
     "chat": "gpt.chat:ChatCommandConfig",
+    "chat_demo": "gpt.bench.chat_demo:ChatDemoConfig",
     "prepare": "gpt.data.config:PrepareConfig",
     "export": "gpt.export:ExportConfig",
     "visualize": "gpt.visualize:VisualizeConfig",

@@ -90,7 +90,7 @@ SCRIPT_CONFIGS = {
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"), "time_to_loss": ([], "TimeToLossConfig"),
     "serve": (["ckpt=runs/x"], "ServeConfig"), "bench_serve": ([], "BenchServeConfig"),
-    "chat": (["ckpt=runs/x"], "ChatCommandConfig"),
+    "chat": (["ckpt=runs/x"], "ChatCommandConfig"), "chat_demo": (["base=runs/x"], "ChatDemoConfig"),
     "train_tokenizer": (["out=tokenizers/x"], "TrainTokenizerConfig"), "eval_tokenizer": ([], "EvalTokenizerConfig"),
 }
 
