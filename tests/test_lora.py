@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from gpt import lora
+from gpt.errors import UserError
 from gpt.model import MLP, Block, CausalSelfAttention
 from test_chat_data import CHARS, save_base, sft
 from test_designs import ONE_CASE, model_for
@@ -66,3 +67,6 @@ def test_a_lora_chat_run_trains_only_adapters_and_resumes_bit_for_bit(tmp_path):
     adapter = torch.load(straight / "adapter.pt", weights_only=True)
     assert adapter["tokenizer"]["chat_template"] and set(adapter["adapter"]) == set(a["adapter"])
     assert (straight / "adapter.pt").stat().st_size < (straight / "ckpt.pt").stat().st_size / 3
+    with pytest.raises(UserError, match="trained with LoRA adapters, this run is not"):
+        sft(tmp_path, "halves", "train.max_iters=6", "resume=true", "train.eval_interval=2")
+

@@ -25,6 +25,7 @@ from gpt import sharded_checkpoint as sharded
 from gpt.checkpoint import BEST
 from gpt.config import GPTConfig
 from gpt.data.sampler import Sampler
+from gpt.errors import UserError
 from gpt.train import distributed, parallelize
 from gpt.train.distributed import AbortRun, Ranks
 
@@ -93,6 +94,10 @@ class TrainState:
 
     def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None]) -> None:
         """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks)."""
+        if ("adapter" in payload) != lora.has_adapters(self.model):
+            trained = "with" if "adapter" in payload else "without"
+            raise UserError(f"the checkpoint was trained {trained} LoRA adapters, this run is not",
+                            hint="resume with the run's chat.lora_rank, or start a new run from it with init_from")
         if "sharded" in payload:  # a sharded checkpoint's step folder: every rank reads its part
             parallelize.load_sharded(self.model, self.optimizer, payload["sharded"],
                                      payload["optimizer"]["param_groups"])
