@@ -169,3 +169,14 @@ def test_sft_resumed_halfway_equals_a_straight_run_and_carries_the_template(tmp_
     assert a["tokenizer"]["chat_template"] == CHATML_TEMPLATE and a["model_config"]["vocab_size"] == len(CHARS) + 2
     base = torch.load(tmp_path / "base.pt", weights_only=True)["model"]
     assert not torch.equal(a["model"]["transformer.h.0.mlp.c_fc.weight"], base["transformer.h.0.mlp.c_fc.weight"])
+
+
+def test_text_the_model_cannot_encode_names_the_conversation(tmp_path):
+    from gpt.data.chat import ChatData
+    from gpt.train.config import ChatConfig
+
+    good = {"messages": CONVERSATIONS[1]}
+    bad = {"messages": [{"role": "user", "content": "café"}, {"role": "assistant", "content": "ok"}]}
+    path = write_jsonl(tmp_path / "c.jsonl", [good, bad])
+    with pytest.raises(UserError, match=re.escape(f"{path}, conversation 2: character 'é' is not in")):
+        ChatData(ChatConfig(data=str(path)), CharTokenizer(CHARS), seed=0, log=lambda m: None)

@@ -66,6 +66,17 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def encoded(tokenizer: tok.Tokenizer, conversations: list[Messages], source: str) -> list[tuple[list[int], list[bool]]]:
+    """Each conversation's ids and mask; text the tokenizer cannot encode is one error naming the conversation."""
+    out = []
+    for i, messages in enumerate(conversations):
+        try:
+            out.append(encode_conversation(tokenizer, messages))
+        except UserError as err:
+            raise UserError(f"{source}, conversation {i + 1}: {err}", hint=err.hint) from None
+    return out
+
+
 @dataclass
 class Packed:
     """Rows of ``block_size`` tokens, each holding whole conversations (cut to the context if longer): inputs,
@@ -128,17 +139,17 @@ class ChatData:
         conversations, skipped = read_conversations(cfg.data, cfg.format, cfg.skip_bad)
         if skipped.count:
             log(f"skipped {skipped.count} bad record(s) of {cfg.data} (chat.skip_bad=true); the first: {skipped.first}")
+        examples = encoded(self.tokenizer, conversations, cfg.data)
         if cfg.val_data:
-            val, _ = read_conversations(cfg.val_data, cfg.format, cfg.skip_bad)
-            train = conversations
-        else:
-            order = np.random.default_rng(seed).permutation(len(conversations))
-            n_val = max(1, round(len(conversations) * cfg.val_fraction)) if len(conversations) > 1 else 0
-            val = [conversations[i] for i in order[:n_val]] or conversations
-            train = [conversations[i] for i in order[n_val:]]
-        self.conversations = {"train": train, "val": val}
-        self.encoded = {split: [encode_conversation(self.tokenizer, m) for m in convs]
-                        for split, convs in self.conversations.items()}
+            val_conversations, _ = read_conversations(cfg.val_data, cfg.format, cfg.skip_bad)
+            self.encoded = {"train": examples, "val": encoded(self.tokenizer, val_conversations, cfg.val_data)}
+            self.counts = {"train": len(conversations), "val": len(val_conversations)}
+        else:  # a seeded share of the conversations is held out
+            order = np.random.default_rng(seed).permutation(len(examples))
+            n_val = max(1, round(len(examples) * cfg.val_fraction)) if len(examples) > 1 else 0
+            val = [examples[i] for i in order[:n_val]] or examples
+            self.encoded = {"train": [examples[i] for i in order[n_val:]], "val": val}
+            self.counts = {split: len(e) for split, e in self.encoded.items()}
         self.packed: dict[str, Packed] = {}
         self.meta: dict[str, Any] = {"splits": {"train": {}, "val": {}}}
         self.log = log
@@ -153,8 +164,8 @@ class ChatData:
                 raise UserError(f"the {split} conversations of {self.dir} leave no assistant token inside the "
                                 f"context of {block_size} tokens", hint="use a larger model.block_size")
         train, val = self.packed["train"], self.packed["val"]
-        self.log(f"chat data: {len(self.conversations['train'])} conversations in {len(train.inputs)} rows of "
-                 f"{block_size} tokens ({train.learned:,} learned tokens), {len(self.conversations['val'])} held out"
+        self.log(f"chat data: {self.counts['train']} conversations in {len(train.inputs)} rows of "
+                 f"{block_size} tokens ({train.learned:,} learned tokens), {self.counts['val']} held out"
                  + (f"; {train.cut + val.cut} cut to the context" if train.cut + val.cut else ""))
 
     def random_starts(self, split: str, batch_size: int, block_size: int, generator: torch.Generator) -> list[int]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bpe import CHAT_TOKENS, EOT
+from gpt.data.formats import JSONL_SUFFIXES
 from gpt.errors import UserError
 from gpt.validate import parse_json
 
@@ -153,7 +154,8 @@ def read_conversations(source: str, fmt: str = "auto", skip_bad: bool = False,
     path = Path(source)
     if path.is_file():
         conversations = list(jsonl_conversations(path, fmt, skipped))
-    elif path.is_dir() or ("/" in source and not path.exists() and not source.startswith((".", "/"))):
+    elif path.is_dir() or ("/" in source and not source.startswith((".", "/", "~")) and path.suffix.lower()
+                           not in JSONL_SUFFIXES):  # a hub name: owner/name
         conversations = list(dataset_conversations(source, split, fmt, skipped))
     else:
         raise UserError(f"{source} is not a file or a dataset folder",

@@ -372,7 +372,8 @@ class Trainer:
             f"best val loss {summary.best_val_loss:.4f}, {summary.tokens_per_sec:,.0f} tokens/s, "
             f"{summary.wall_s:.0f}s wall time\n"
             f"checkpoint: {summary.ckpt} (best: {self.run_dir / checkpoint.BEST})\n"
-            f"sample from it: python scripts/generate.py ckpt={self.run_dir}"
+            + (f"chat with it: python scripts/chat.py ckpt={self.run_dir}" if self.run.chat.data is not None else
+               f"sample from it: python scripts/generate.py ckpt={self.run_dir}")
         )
         return summary
 
