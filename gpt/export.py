@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from gpt import checkpoint, hf, pretrained
+from gpt import checkpoint, hf, hf_targets, pretrained
 from gpt import sharded_checkpoint as sharded
 from gpt.config import MISSING, ScriptConfig
 from gpt.errors import ConfigError, UserError
@@ -19,7 +19,7 @@ class ExportConfig(ScriptConfig):
 
     ckpt: str = MISSING  # a run directory or .pt file, an exported folder, a Hugging Face GPT-2 folder
     out: Optional[str] = None  # default: <run directory>/export
-    format: str = "hf"  # hf: what transformers opens (GPT-2 layout) | native: this project's own (any model)
+    format: str = "hf"  # hf: what transformers opens (GPT-2, Starcoder2 or remote code) | native: this project's own
     overwrite: bool = False  # replace an export already in out
     push_to_hub: Optional[str] = None  # a Hub repository id (user/name): upload the export there (extra [hf])
     private: bool = False  # with push_to_hub: create the repository private
@@ -29,7 +29,7 @@ class ExportConfig(ScriptConfig):
             output_path(self.out, "out", folder=True)
         if self.format not in pretrained.FORMATS:
             raise ConfigError(f"format must be one of {', '.join(pretrained.FORMATS)}, got {self.format!r}",
-                              hint="format=native exports models GPT-2's layout cannot hold (rope, n_kv_head, window)")
+                              hint="format=hf: GPT-2, Starcoder2 or remote code; format=native: this project's own")
 
 
 def default_out(ckpt: str) -> Path:
@@ -49,6 +49,7 @@ def run(cfg: ExportConfig) -> None:
                         hint="export into a folder of its own, e.g. the default <run>/export")
     config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
     pretrained.export(state, config, tokenizer, out, format=cfg.format, overwrite=cfg.overwrite)
-    print(f"wrote {out} ({'Hugging Face GPT-2 layout' if cfg.format == 'hf' else 'native layout'})", flush=True)
+    what = hf_targets.WHAT[hf_targets.choose(config)] if cfg.format == "hf" else "native layout"
+    print(f"wrote {out} ({what})", flush=True)
     if cfg.push_to_hub:
         print(f"pushed to {hf.push_to_hub(out, cfg.push_to_hub, private=cfg.private)}")
