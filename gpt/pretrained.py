@@ -29,7 +29,7 @@ GPT2_SIZES = {
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
 }
 EXPORT_FORMAT = "gpt-attention/1"
-FORMATS = ("hf", "native")  # export layouts: Hugging Face GPT-2 (the default), this project's own
+FORMATS = ("hf", "native", "gguf")  # export layouts: for transformers (the default), this project's own, llama.cpp
 _safetensors = hf.safetensors_torch
 gpt2_state_dict = hf.from_hf_state  # a Hugging Face GPT-2 state dict in this project's names and layout
 
@@ -89,16 +89,21 @@ def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") 
 
 
 def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out_dir: str | Path,
-           format: str = "hf", overwrite: bool = False) -> Path:
+           format: str = "hf", overwrite: bool = False, gguf_type: str = "f16") -> Path:
     """Write an export folder: format=hf, what transformers opens with AutoTokenizer and AutoModelForCausalLM (the
     target of gpt.hf_targets.choose: GPT2LMHeadModel, Starcoder2ForCausalLM or remote code; model.safetensors,
     config.json, generation_config.json, tokenizer files); format=native, this project's names and config.json.
 
     Both read back losslessly (load_weights). An out_dir holding another export is refused unless overwrite.
+    format=gguf writes out_dir/model-<gguf_type>.gguf (gpt.gguf_export) and returns that file's path.
     """
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
     out = Path(out_dir).expanduser()
+    if format == "gguf":  # one file, model-<gguf_type>.gguf, beside whatever else the folder holds
+        from gpt import gguf_export
+
+        return gguf_export.write(state, config, tokenizer, out, gguf_type, overwrite)
     hf.check_out_dir(out, overwrite)
     if format == "native":
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()
