@@ -81,3 +81,30 @@ def test_flex_on_a_cpu_stays_eager_and_refuses_to_train():
         flex.flex(q, q, q)
     with torch.no_grad():
         assert flex.flex(q, q, q).shape == (1, 2, 4, 8)
+
+
+def test_grouped_heads_run_whole_sequences_on_the_main_kernel(compiled_flex_on_cpu, monkeypatch):
+    """One key/value head for 4 query heads, 64 tokens, no gradients: inductor's decoding kernel would pack
+    4 x 64 rows into one 128-row query block and fail to compile (mqa x flex on an H200); whole sequences ask
+    for the main kernel, decode steps keep the decoding kernel."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=1, n_head=4, n_kv_head=1, n_embd=64, block_size=64, vocab_size=50, attention="flex")
+    model = GPT(config).eval()
+    x = torch.randint(0, 50, (2, 64))
+    with torch.no_grad():
+        monkeypatch.setattr(flex, "COMPILED_ON", ())
+        reference, _ = model(x, x)  # eager
+    monkeypatch.setattr(flex, "COMPILED_ON", ("cuda", "cpu"))
+    seen, real = [], flex.flex_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.size(-2), kwargs.get("kernel_options")))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(flex, "flex_attention", spy)
+    with torch.no_grad():
+        logits, _ = model(x, x)
+        generate(model, x[:1, :5], 2, temperature=0.0)
+    torch.testing.assert_close(logits, reference)
+    assert {(t > 1, str(options)) for t, options in seen} == {
+        (True, "{'FORCE_USE_FLEX_ATTENTION': True}"), (False, "None")}, seen

@@ -83,10 +83,19 @@ COMPILED_ON = ("cuda",)  # device types where flex runs torch.compile'd (on a CP
 COMPILER = "inductor"  # torch.compile's backend for it (tests use "eager": the same guards, no code generation)
 
 
+def whole_sequence_options(enable_gqa: bool) -> dict[str, bool] | None:
+    """Kernel options for whole sequences. With grouped key/value heads, inductor's decoding kernel (which it picks
+    for queries shorter than 128 without gradients) packs a group's heads into one query block; past 128 rows
+    (e.g. one key/value head for 4 query heads of 64 tokens) it has no valid configuration and compiling fails
+    (NoValidChoicesError, found on an H200): the main kernel serves every length."""
+    return {"FORCE_USE_FLEX_ATTENTION": True} if enable_gqa else None
+
+
 def flex_full(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float | None,
               enable_gqa: bool) -> Tensor:
     """flex_attention for whole sequences (training, evaluation, prefill): compiled on its own (compiled_flex)."""
-    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
+                          kernel_options=whole_sequence_options(enable_gqa))
 
 
 def flex_cached(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float | None,
