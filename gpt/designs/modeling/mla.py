@@ -1,5 +1,6 @@
 """Multi-head latent attention's layer in a remote-code export (gpt/designs/mla.py): keys and values up-projected
-from a latent c_kv, a decoupled rotary part of d_R features (shared by the heads for keys)."""
+from a latent c_kv, a decoupled rotary part of d_R features (shared by the heads for keys). RoPE's functions are
+repeated from rope.py: an export carries only the active designs' parts, and MLA never runs with the rope design."""
 
 import math
 
