@@ -37,10 +37,9 @@ done
 # module:package pairs; required first, then the ones installed only when their wheels are in DIR
 required="torch:torch numpy:numpy yaml:pyyaml tqdm:tqdm tensorboard:tensorboard matplotlib:matplotlib tiktoken:tiktoken"
 optional="transformers:transformers hydra:hydra-core omegaconf:omegaconf antlr4:antlr4-python3-runtime"
-missing() {  # the packages of the given module:package pairs whose module does not import
-  for pair in "$@"; do
-    "$PYTHON" -c "import ${pair%%:*}" 2>/dev/null || printf '%s ' "${pair#*:}"
-  done
+missing() {  # the packages of the given module:package pairs whose module is not installed (one process, no imports)
+  "$PYTHON" -c 'import importlib.util, sys
+print(" ".join(p.split(":")[1] for p in sys.argv[1:] if importlib.util.find_spec(p.split(":")[0]) is None))' "$@"
 }
 if [ -n "$wheels" ]; then
   [ -d "$wheels" ] || { echo "error: --wheels $wheels is not a folder" >&2; exit 2; }
