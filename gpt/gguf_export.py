@@ -24,6 +24,7 @@ from gpt.files import atomic_write_all
 from gpt.tokenizer_files import eot_id, library_tokenizer, special_tokens
 
 TYPES = ("f32", "f16", "q8_0")
+SPACE = "\u2581"  # how SentencePiece spells a space
 HINT = "format=hf exports it for transformers (GPT-2, Starcoder2 or remote code); format=native for this project"
 
 
@@ -90,31 +91,35 @@ def starcoder2_tensors(state: dict[str, Tensor], config: GPTConfig) -> dict[str,
     return out
 
 
-def token_list(meta: dict[str, Any], vocab_size: int) -> tuple[list[str], list[int], list[str]]:
-    """GGUF's "gpt2" (byte-level BPE) tokenizer: each id's token in the byte alphabet, its type, the merges.
-    A character vocabulary is one when every character is one byte (no merges); padded ids are unused tokens."""
-    if meta["kind"] == "char":
-        wide = next((ch for ch in meta["chars"] if len(ch.encode("utf-8")) != 1), None)
-        if wide is not None:
-            raise UserError(f"format=gguf cannot hold this character vocabulary: {wide!r} is more than one byte, and "
-                            "GGUF's byte-level tokenizer would split it", hint=HINT)
-        table = bpe.bytes_to_unicode()
-        tokens, merges = ["".join(table[b] for b in ch.encode("utf-8")) for ch in meta["chars"]], []
+def token_list(meta: dict[str, Any], vocab_size: int) -> tuple[str, list[str], list[int], list[str]]:
+    """GGUF's tokenizer: its model, each id's token, its type, the merges. A BPE is "gpt2" (byte-level: tokens in
+    the byte alphabet, with its merges), and so is a character vocabulary of one-byte characters (no merges);
+    one with wider characters is "llama" (SentencePiece: each character one piece, the space spelled U+2581, no
+    merges, no prefix space), so that characters of any width keep one id each.
+    Padded ids are unused tokens."""
+    if meta["kind"] == "char" and all(len(ch.encode("utf-8")) == 1 for ch in meta["chars"]):
+        table = bpe.bytes_to_unicode()  # one byte each: byte-level tokens without merges, as a "gpt2" BPE
+        model, tokens, merges = "gpt2", ["".join(table[b] for b in ch.encode("utf-8")) for ch in meta["chars"]], []
+    elif meta["kind"] == "char":
+        if SPACE in meta["chars"]:
+            raise UserError(f"format=gguf cannot hold this character vocabulary: it has {SPACE!r}, the character "
+                            "SentencePiece writes spaces as", hint=HINT)
+        model, tokens, merges = "llama", [SPACE if ch == " " else ch for ch in meta["chars"]], []
     else:
         spec = json.loads(library_tokenizer(meta).to_str())
-        pre, model = spec.get("pre_tokenizer") or {}, spec["model"]
+        pre, bpe_model = spec.get("pre_tokenizer") or {}, spec["model"]
         if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
             raise UserError("format=gguf cannot hold this tokenizer: its pre-tokenizer is not GPT-2's byte-level "
                             "split, the only one GGUF's gpt2 tokenizer names", hint=HINT)
-        by_id = {i: token for token, i in model["vocab"].items()}
+        by_id = {i: token for token, i in bpe_model["vocab"].items()}
         for token, i in special_tokens(meta).items():
             by_id[i] = token
-        tokens = [by_id[i] for i in range(meta["vocab_size"])]
-        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+        model, tokens = "gpt2", [by_id[i] for i in range(meta["vocab_size"])]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in bpe_model["merges"]]
     special = set(special_tokens(meta).values())
     types = [3 if i in special else 1 for i in range(len(tokens))]  # 3: control, 1: normal
     pad = vocab_size - len(tokens)
-    return tokens + [f"[PAD{i}]" for i in range(pad)], types + [5] * pad, merges  # 5: unused
+    return model, tokens + [f"[PAD{i}]" for i in range(pad)], types + [5] * pad, merges  # 5: unused
 
 
 def tensor_data(gguf, name: str, value: Tensor, kind: str) -> tuple[np.ndarray, Any]:
@@ -135,7 +140,7 @@ def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any]
     if kind not in TYPES:
         raise UserError(f"gguf_type must be one of {', '.join(TYPES)}, got {kind!r}")
     arch = architecture(config)
-    tokens, types, merges = token_list(tokenizer, config.vocab_size)
+    tokenizer_model, tokens, types, merges = token_list(tokenizer, config.vocab_size)
     tensors = (gpt2_tensors if arch == "gpt2" else starcoder2_tensors)(state, config)
     path = out / f"model-{kind}.gguf"
     if path.exists() and not overwrite:
@@ -156,8 +161,12 @@ def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any]
             writer.add_rope_dimension_count(config.head_dim)
         writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("gpt2")  # GPT-2's split before the byte-level BPE (llama.cpp's pre-tokenizer name)
+        writer.add_tokenizer_model(tokenizer_model)
+        if tokenizer_model == "gpt2":
+            writer.add_tokenizer_pre("gpt2")  # GPT-2's split before the byte-level BPE (llama.cpp's name for it)
+        else:  # characters as they are: no space added in front, no begin-of-text token
+            writer.add_add_space_prefix(False)
+            writer.add_add_bos_token(False)
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         writer.add_token_scores([0.0] * len(tokens))  # BPE has no scores; readers that derive merges ask for them

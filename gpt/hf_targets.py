@@ -200,6 +200,9 @@ def read_folder(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
             state = from_starcoder2(tensors, config)
         except KeyError as err:
             raise UserError(f"{folder / hf.WEIGHTS} has no tensor {err}", hint="export the model again") from None
+        except RuntimeError as err:  # q, k, v projections whose shapes do not stack
+            raise UserError(f"{folder / hf.WEIGHTS}: {str(err).splitlines()[0]}",
+                            hint="the file was edited or damaged: export the model again") from None
     else:
         state = dict(tensors)
         if config.tie_head and "transformer.wte.weight" in state:
