@@ -44,6 +44,7 @@ class Sizes:
     decode_tokens: int
     flex_model: dict
     flex_steps: int
+    kernel_designs: list[str] | None = None  # the designs the kernels part checks (None: every arena preset)
     arena_variants: list[str] = field(default_factory=lambda: list(presets()))
     arena_tokens: int = 16_384
     data: str = "stdlib"  # stdlib: this Python's standard library as characters; tiny: a small corpus written here
@@ -60,6 +61,7 @@ DRY = Sizes(device="cpu", kernel_model=dict(n_layer=1, n_head=4, n_embd=32, bloc
             kernel_batch=1,
             train_model=TINY, batches=[4], precision="fp32", compile=False, bench_steps=3, loop_steps=6,
             log_interval=2, decode_model=TINY, decode_tokens=8, flex_model=dict(TINY, vocab_size=64), flex_steps=0,
+            kernel_designs=["gpt2", "window", "mqa"],  # the pipeline; tests/test_designs.py checks every design
             arena_variants=["gpt2", "rope"], arena_tokens=256, data="tiny")
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}  # worst |logits - float64| / max |float64 logits|
 GRAD_TOLERANCE = 1e-3  # the same for fp32 gradients, over the largest gradient of any parameter
@@ -69,9 +71,11 @@ def status(ok: bool) -> str:
     return "ok" if ok else "fail"
 
 
-def designs() -> dict[str, dict[str, Any]]:
-    """Every design to check: the arena's presets, without the kernel a preset picks (every kernel is tried)."""
-    return {name: {k: v for k, v in options.items() if k != "attention"} for name, options in presets().items()}
+def designs(names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The designs to check (``names``, or every arena preset), without the kernel a preset picks (every kernel is
+    tried)."""
+    return {name: {k: v for k, v in options.items() if k != "attention"} for name, options in presets().items()
+            if names is None or name in names}
 
 
 # --- every kernel and design against float64 -------------------------------------------------------------------
@@ -81,7 +85,7 @@ def kernels(s: Sizes, out: Path) -> dict[str, Any]:
     weights in float64 on the CPU with the manual kernel (the formula written out); a kernel lacking a design's
     option: n/a."""
     rows = []
-    for design, options in designs().items():
+    for design, options in designs(s.kernel_designs).items():
         reference = None
         for kernel in attention.available():
             try:
