@@ -113,6 +113,8 @@ def bring_designs(cfg: DictConfig) -> None:
 SCHEMAS = {
     "train": "gpt.train.config:RunConfig",
     "generate": "gpt.generate:GenerateConfig",
+    "chat": "gpt.chat:ChatCommandConfig",
+    "chat_demo": "gpt.bench.chat_demo:ChatDemoConfig",
     "prepare": "gpt.data.config:PrepareConfig",
     "export": "gpt.export:ExportConfig",
     "visualize": "gpt.visualize:VisualizeConfig",

@@ -17,6 +17,7 @@ from gpt.errors import UserError
 
 GPT2_ENCODING = "r50k_base"  # tiktoken's name for GPT-2's byte-pair encoding (50257 tokens)
 GPT2_VOCAB_SIZE = 50257
+MAX_TEMPLATE_CHARS = 64 * 1024  # a chat template is a few hundred to a few thousand characters
 
 
 class Tokenizer(Protocol):
@@ -34,17 +35,41 @@ class Tokenizer(Protocol):
     def to_meta(self) -> dict[str, Any]: ...
 
 
-class CharTokenizer:
-    """One token per character of a fixed vocabulary."""
+class AddedTokens:
+    """Special tokens added after a tokenizer's own vocabulary (ChatML's, for fine-tuning a base model into a chat
+    model: gpt.data.chat.with_chat_tokens), and the description's optional chat template. Their ids follow the
+    base vocabulary in order; they stand for no text: encode() never emits them, decode() writes their names."""
+
+    base_size: int
+    added: list[str]
+    chat_template: str | None
+
+    def add(self, added: list[str] | tuple[str, ...], chat_template: str | None) -> None:
+        self.added, self.chat_template = list(added), chat_template
+        self.added_ids = {name: self.base_size + i for i, name in enumerate(self.added)}
+        self.vocab_size = self.base_size + len(self.added)
+
+    def added_meta(self) -> dict[str, Any]:
+        return (({"added_tokens": list(self.added)} if self.added else {})
+                | ({"chat_template": self.chat_template} if self.chat_template is not None else {}))
+
+    def added_text(self, token: int) -> str:
+        return self.added[token - self.base_size]
+
+
+class CharTokenizer(AddedTokens):
+    """One token per character of a fixed vocabulary (then any added special tokens)."""
 
     kind = "char"
     eot_token = None
-    special_tokens: dict[str, int] = {}
 
-    def __init__(self, chars: list[str]) -> None:
+    def __init__(self, chars: list[str], added: list[str] | tuple[str, ...] = (),
+                 chat_template: str | None = None) -> None:
         self.chars = list(chars)
         self.stoi = {ch: i for i, ch in enumerate(self.chars)}
-        self.vocab_size = len(self.chars)
+        self.base_size = len(self.chars)
+        self.add(added, chat_template)
+        self.special_tokens = dict(self.added_ids)
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -60,25 +85,27 @@ class CharTokenizer:
             ) from None
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
+        return "".join(self.chars[i] if i < self.base_size else self.added_text(i) for i in ids)
 
     def token_bytes(self, token: int) -> bytes:
-        return self.chars[token].encode("utf-8", "surrogatepass")
+        text = self.chars[token] if token < self.base_size else self.added_text(token)
+        return text.encode("utf-8", "surrogatepass")
 
     def to_meta(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "chars": self.chars}
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "chars": self.chars} | self.added_meta()
 
 
-class GPT2Tokenizer:
-    """GPT-2's byte-pair encoding (tiktoken r50k_base); end-of-text is token 50256."""
+class GPT2Tokenizer(AddedTokens):
+    """GPT-2's byte-pair encoding (tiktoken r50k_base); end-of-text is token 50256; added tokens from 50257."""
 
     kind = "gpt2"
 
-    def __init__(self) -> None:
+    def __init__(self, added: list[str] | tuple[str, ...] = (), chat_template: str | None = None) -> None:
         self.encoding = load_gpt2_encoding()
-        self.vocab_size = self.encoding.n_vocab
+        self.base_size = self.encoding.n_vocab
+        self.add(added, chat_template)
         self.eot_token = self.encoding.eot_token
-        self.special_tokens = {bpe.EOT: self.eot_token}
+        self.special_tokens = {bpe.EOT: self.eot_token} | self.added_ids
 
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
@@ -87,17 +114,21 @@ class GPT2Tokenizer:
         return self.encoding.encode_ordinary_batch(texts)
 
     def decode(self, ids: list[int]) -> str:
-        return self.encoding.decode(ids)
+        if not self.added:
+            return self.encoding.decode(ids)
+        return decode_bytes(self, ids).decode("utf-8", "replace")
 
     def token_bytes(self, token: int) -> bytes:
-        """The raw bytes of one token (a token may hold part of a UTF-8 character)."""
+        """The raw bytes of one token (a token may hold part of a UTF-8 character); an added token's: its name."""
+        if token >= self.base_size:
+            return self.added_text(token).encode("utf-8")
         return self.encoding.decode_single_token_bytes(token)
 
     def byte_token(self, byte: int) -> int:
         return self.encoding.encode_single_token(bytes([byte]))
 
     def to_meta(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "encoding": GPT2_ENCODING}
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "encoding": GPT2_ENCODING} | self.added_meta()
 
 
 class BPETokenizer:
@@ -108,7 +139,8 @@ class BPETokenizer:
 
     kind = "bpe"
 
-    def __init__(self, json_text: str, where: str = "the tokenizer") -> None:
+    def __init__(self, json_text: str, where: str = "the tokenizer", chat_template: str | None = None) -> None:
+        self.chat_template = chat_template
         parsed = bpe.parse(json_text, where)
         self.json, self.sha256 = json_text, bpe.sha256(json_text)
         self.library, self.pieces = parsed.tokenizer, parsed.pieces
@@ -146,8 +178,9 @@ class BPETokenizer:
 
     def to_meta(self) -> dict[str, Any]:
         """The description: the tokenizer.json text itself (checkpoints stay plain data), named by its sha256."""
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "special_tokens": dict(self.special_tokens),
-                "sha256": self.sha256, "json": self.json}
+        return ({"kind": self.kind, "vocab_size": self.vocab_size, "special_tokens": dict(self.special_tokens),
+                 "sha256": self.sha256, "json": self.json}
+                | ({"chat_template": self.chat_template} if self.chat_template is not None else {}))
 
 
 def valid_unicode(text: str) -> str:
@@ -196,6 +229,10 @@ def description_problem(meta: Any) -> str | None:
     if not isinstance(meta, dict):
         return "the tokenizer entry is missing or not an object"
     kind, vocab = meta.get("kind"), meta.get("vocab_size")
+    problem = added_problem(meta)
+    if problem:
+        return problem
+    vocab = vocab - len(meta.get("added_tokens", [])) if isinstance(vocab, int) else vocab  # the base vocabulary's
     if kind == "char":
         chars = meta.get("chars")
         if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
@@ -212,6 +249,18 @@ def description_problem(meta: Any) -> str | None:
         return bpe_problem(meta)
     else:
         return f"unknown tokenizer kind {kind!r} (char, gpt2 or bpe)"
+    return None
+
+
+def added_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with a description's added special tokens or chat template (both optional)."""
+    added, template = meta.get("added_tokens", []), meta.get("chat_template")
+    if not isinstance(added, list) or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in added):
+        return "the tokenizer's added_tokens must be a list of token names (1 to 64 characters each)"
+    if len(set(added)) != len(added) or len(added) > 64 or (added and meta.get("kind") == "bpe"):
+        return "the tokenizer's added_tokens repeat a name, are more than 64, or are given for a bpe tokenizer"
+    if template is not None and (not isinstance(template, str) or len(template) > MAX_TEMPLATE_CHARS):
+        return f"the tokenizer's chat_template must be text of at most {MAX_TEMPLATE_CHARS:,} characters"
     return None
 
 
@@ -244,12 +293,12 @@ def from_meta(meta: dict[str, Any]) -> Tokenizer:
     problem = description_problem(meta)
     if problem:
         raise UserError(problem, hint="the file that holds it is damaged or was not written by this framework")
-    kind = meta.get("kind")
+    kind, added, template = meta.get("kind"), meta.get("added_tokens", []), meta.get("chat_template")
     if kind == "char":
-        return CharTokenizer(meta["chars"])
+        return CharTokenizer(meta["chars"], added, template)
     if kind == "gpt2":
-        return GPT2Tokenizer()
-    return BPETokenizer(meta["json"])
+        return GPT2Tokenizer(added, template)
+    return BPETokenizer(meta["json"], chat_template=template)
 
 
 def build(kind: str, text: str | None = None) -> Tokenizer:

@@ -21,11 +21,14 @@ def library_tokenizer(meta: dict[str, Any]):
     """The ``tokenizers.Tokenizer`` of a complete tokenizer description (char, gpt2 or bpe)."""
     from tokenizers import Tokenizer
 
-    if meta["kind"] == "char":
-        return char_tokenizer(meta["chars"])
-    if meta["kind"] == "gpt2":
-        return gpt2_tokenizer()
-    return Tokenizer.from_str(meta["json"])
+    if meta["kind"] == "bpe":
+        return Tokenizer.from_str(meta["json"])
+    tokenizer = char_tokenizer(meta["chars"]) if meta["kind"] == "char" else gpt2_tokenizer()
+    if meta.get("added_tokens"):  # ChatML's, added for fine-tuning: the next ids, in order
+        from tokenizers import AddedToken
+
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in meta["added_tokens"]])
+    return tokenizer
 
 
 def char_tokenizer(chars: list[str]):
@@ -74,10 +77,12 @@ def tokenizer_json(meta: dict[str, Any]) -> str:
 
 
 def special_tokens(meta: dict[str, Any]) -> dict[str, int]:
-    """The special tokens of a description by name: none for characters, <|endoftext|> for GPT-2."""
-    if meta["kind"] == "gpt2":
-        return {bpe.EOT: GPT2_VOCAB_SIZE - 1}
-    return dict(meta.get("special_tokens") or {})
+    """The special tokens of a description by name: none for characters, <|endoftext|> for GPT-2, then any added
+    after the vocabulary (ChatML's)."""
+    added = meta.get("added_tokens") or []
+    base = meta["vocab_size"] - len(added)
+    found = {bpe.EOT: GPT2_VOCAB_SIZE - 1} if meta["kind"] == "gpt2" else dict(meta.get("special_tokens") or {})
+    return found | {name: base + i for i, name in enumerate(added)}
 
 
 def eot_id(meta: dict[str, Any]) -> int | None:
@@ -102,6 +107,8 @@ def tokenizer_files(meta: dict[str, Any], block_size: int | None = None) -> dict
         config["add_prefix_space"] = False  # byte-level: "def" is not " def"
     if block_size is not None:
         config["model_max_length"] = block_size
+    if meta.get("chat_template") is not None:  # transformers' apply_chat_template formats as training did
+        config["chat_template"] = meta["chat_template"]
     files = {"tokenizer.json": tokenizer_json(meta), "tokenizer_config.json": json.dumps(config, indent=1)}
     if roles:
         files["special_tokens_map.json"] = json.dumps(roles, indent=1)

@@ -90,6 +90,7 @@ SCRIPT_CONFIGS = {
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"), "time_to_loss": ([], "TimeToLossConfig"),
     "serve": (["ckpt=runs/x"], "ServeConfig"), "bench_serve": ([], "BenchServeConfig"),
+    "chat": (["ckpt=runs/x"], "ChatCommandConfig"), "chat_demo": (["base=runs/x"], "ChatDemoConfig"),
     "train_tokenizer": (["out=tokenizers/x"], "TrainTokenizerConfig"), "eval_tokenizer": ([], "EvalTokenizerConfig"),
 }
 
@@ -99,7 +100,7 @@ def test_every_script_config_composes_into_its_typed_config():
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         for name, (overrides, cls) in SCRIPT_CONFIGS.items():
             assert type(typed(compose(config_name=name, overrides=overrides))).__name__ == cls, name
-        for name in ("generate", "visualize_attention", "export", "serve"):
+        for name in ("generate", "visualize_attention", "export", "serve", "chat"):
             with pytest.raises(ConfigError, match="ckpt must be given"):
                 typed(compose(config_name=name))
         with pytest.raises(ConfigError, match="out must be given"):

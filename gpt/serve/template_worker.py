@@ -10,6 +10,7 @@ the standard library. Protocol: one JSON request per line on standard input ({"s
 
 import json
 import resource
+import signal
 import sys
 
 MAX_OUTPUT = 1_000_000  # characters of one rendered prompt
@@ -67,6 +68,7 @@ def answer(env, compiled, request):
 
 def main():
     limit = int(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches this process too: its parent decides
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     env, compiled = environment(), {}
     print(json.dumps({"ready": True}), flush=True)  # imports done: the server's time limits start now

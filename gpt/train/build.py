@@ -14,9 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpt import memory, pretrained
+from gpt import lora, memory, pretrained
+from gpt import tokenizer as tok
 from gpt.attention.backends import pin_for
 from gpt.config import GPTConfig
+from gpt.data.chat import ChatData, add_token_rows
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.data.sampler import make_sampler
@@ -30,8 +32,19 @@ from gpt.train.optim import make_optimizer
 from gpt.train.state import TrainState
 
 
-def load_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData:
-    """The run's token data, prepared by the first process of each node while the others wait."""
+def load_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData | ChatData:
+    """The run's token data, prepared by the first process of each node while the others wait; with chat.data,
+    the conversations, in the tokenizer of init_from (else data.*'s) with ChatML's tokens."""
+    if run.chat.data is not None:
+        init = pretrained.load_weights(run.init_from, run.init_path) if run.init_from else None
+        base = tok.from_meta(init[2]) if init else load_token_data(run, ranks, log).tokenizer
+        data = ChatData(run.chat, base, run.seed, log)
+        data.init_weights = init  # read once: build.model_config grows their vocabulary
+        return data
+    return load_token_data(run, ranks, log)
+
+
+def load_token_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData:
     if ranks.local_rank == 0:
         data_dir = prepare(run.data, log=log)
     distributed.barrier(ranks)
@@ -45,6 +58,13 @@ def model_config(run: RunConfig, data: TokenData, log: Callable[[str], None]) ->
     config = run.model.build(data.tokenizer.vocab_size)
     if not run.init_from:
         return config, None
+    if isinstance(data, ChatData):
+        init_config, init_state, init_tokenizer = data.init_weights
+        data.init_weights = None
+        init_config, init_state = add_token_rows(init_config, init_state, tok.from_meta(init_tokenizer),
+                                                 data.tokenizer)
+        log(f"initialised from {run.init_from} with ChatML's tokens ({data.tokenizer.vocab_size} tokens)")
+        return init_config.with_runtime_of(config), init_state
     init_config, init_state, init_tokenizer = pretrained.load_weights(run.init_from, run.init_path)
     if init_tokenizer != data.tokenizer.to_meta():  # every rank sees the same: a stop all agree on
         raise AbortRun(
@@ -88,13 +108,16 @@ def check_fits(config: GPTConfig, train: TrainConfig, precision: str, device: to
 
 
 def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision: str, device: torch.device,
-                  ranks: Ranks) -> TrainState:
+                  ranks: Ranks, base_weights: dict | None = None) -> TrainState:
     """The seeded model, AdamW, gradient scaler and training sampler (data.sampling) of step 0.
 
     Initial weights are rank 0's (as DDP broadcasts them); dropout masks and other randomness differ by rank.
+    With chat.lora_rank the model is ``base_weights`` with LoRA adapters, of which AdamW holds only what trains.
     """
     torch.manual_seed(run.seed)
     model = GPT(config).to(device)
+    if run.chat.lora_rank:
+        add_lora(model, run, data, base_weights)
     if run.train.activation_checkpointing:
         parallelize.apply_activation_checkpointing(model)
     if run.train.fsdp:  # before the optimizer: it must hold the shards
@@ -108,6 +131,17 @@ def initial_state(config: GPTConfig, run: RunConfig, data: TokenData, precision:
     sampler = make_sampler(run.data.sampling, data, run.train.batch_size, config.block_size, run.seed, ranks.rank,
                            ranks.world_size)
     return TrainState(model, optimizer, scaler, sampler)
+
+
+def add_lora(model: GPT, run: RunConfig, data: ChatData, base_weights: dict | None) -> None:
+    """The base weights loaded, then the adapters (and the chat tokens' rows, where they were added) made trainable."""
+    if base_weights is None or run.train.fsdp:
+        raise UserError("chat.lora_rank needs init_from=<the base model> and no FSDP",
+                        hint="give init_from=<a run, checkpoint, export or gpt2*>, or train every weight")
+    model.load_state_dict(base_weights)
+    base = data.tokenizer.vocab_size - len(data.tokenizer.to_meta().get("added_tokens", []))
+    new_rows = [i for i in data.tokenizer.special_tokens.values() if i >= base]
+    lora.add_adapters(model, run.chat.lora_rank, run.chat.lora_alpha, run.chat.lora_dropout, new_rows)
 
 
 def compile_unavailable(device: torch.device) -> str | None:

@@ -82,6 +82,37 @@ class TrainConfig:
 
 
 @dataclass
+class ChatConfig:
+    """chat.*: supervised fine-tuning on conversations (loss on the assistant's replies only), in full or with LoRA
+    adapters. Unset chat.data: pretraining on data.*."""
+
+    data: Optional[str] = None  # conversations: a .jsonl file, a save_to_disk folder or a hub dataset name
+    format: str = "auto"  # auto (by each record's keys) | messages | sharegpt | alpaca
+    skip_bad: bool = False  # skip records that are not conversations (counted) instead of stopping at the first
+    val_data: Optional[str] = None  # held-out conversations (default: val_fraction of chat.data)
+    val_fraction: float = 0.1
+    lora_rank: int = 0  # 0: train every weight; r > 0: LoRA adapters of rank r on attention and MLP projections
+    lora_alpha: float = 16.0  # LoRA's scale is lora_alpha / lora_rank
+    lora_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        from gpt.data.conversations import FORMATS
+
+        if self.format not in FORMATS:
+            raise ConfigError(f"unknown chat.format {self.format!r}", hint=f"use one of: {', '.join(FORMATS)}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"chat.val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        if not 0 <= self.lora_rank <= 1024 or not 0 <= self.lora_dropout < 1 or not self.lora_alpha > 0:
+            raise ConfigError(f"chat.lora_rank must be in [0, 1024], chat.lora_dropout in [0, 1) and chat.lora_alpha "
+                              f"positive; got {self.lora_rank!r}, {self.lora_dropout!r}, {self.lora_alpha!r}")
+        for name in ("data", "val_data"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ConfigError(f"chat.{name} is empty", hint=f"give chat.{name}=<a .jsonl file or dataset>")
+        if self.lora_rank and self.data is None:
+            raise ConfigError("chat.lora_rank is set but chat.data is not", hint="give chat.data=<conversations>")
+
+
+@dataclass
 class RunConfig(ScriptConfig):
     """A whole training run, as scripts/train.py composes it (configs/train.yaml)."""
 
@@ -89,6 +120,7 @@ class RunConfig(ScriptConfig):
     data: DataConfig = field(default_factory=DataConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     seed: int = 1337
     out_dir: str = MISSING

@@ -27,9 +27,9 @@ def estimate_loss(model: nn.Module, data: TokenData, *, batches: int, batch_size
             starts = data.random_starts(split, batch_size, block_size, generator)  # every rank draws every batch
             if i % ranks.world_size != ranks.rank:
                 continue
-            x, y = data.windows(split, starts, block_size, device)
+            x, y, *extra = data.windows(split, starts, block_size, device)  # chat data: positions, mask
             with autocast:
-                _, loss = model(x, y)
+                _, loss = model(x, y, **(extra[0] if extra else {}))
             total[0] += loss.float()
             total[1] += 1
         distributed.all_reduce_sum(total, ranks)

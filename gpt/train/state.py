@@ -20,13 +20,16 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from gpt import checkpoint
+from gpt import checkpoint, lora
 from gpt import sharded_checkpoint as sharded
 from gpt.checkpoint import BEST
 from gpt.config import GPTConfig
 from gpt.data.sampler import Sampler
+from gpt.errors import UserError
 from gpt.train import distributed, parallelize
 from gpt.train.distributed import AbortRun, Ranks
+
+ADAPTER = "adapter.pt"  # a LoRA run's adapters alone (a few MB), beside ckpt.pt's merged weights
 
 
 def rng_state() -> dict[str, Any]:
@@ -91,9 +94,16 @@ class TrainState:
 
     def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None]) -> None:
         """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks)."""
+        if ("adapter" in payload) != lora.has_adapters(self.model):
+            trained = "with" if "adapter" in payload else "without"
+            raise UserError(f"the checkpoint was trained {trained} LoRA adapters, this run is not",
+                            hint="resume with the run's chat.lora_rank, or start a new run from it with init_from")
         if "sharded" in payload:  # a sharded checkpoint's step folder: every rank reads its part
             parallelize.load_sharded(self.model, self.optimizer, payload["sharded"],
                                      payload["optimizer"]["param_groups"])
+        elif lora.has_adapters(self.model):  # the base weights are init_from's, loaded already
+            lora.load_adapter_state(self.model, payload.get("adapter") or {})
+            parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
         else:
             parallelize.load_model_state(self.model, payload["model"])
             parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
@@ -133,6 +143,12 @@ class Checkpointer:
         if parallelize.is_sharded(state.model):
             self._save_sharded(state, rngs)
             weights = parallelize.model_state(state.model) if best else None  # every rank takes part in gathering
+        elif lora.has_adapters(state.model):  # the merged weights (a model anything loads) and the adapters apart
+            weights, adapter = lora.merged_state(state.model), lora.adapter_state(state.model)
+            training = {**state.state_dict(rngs), "adapter": adapter}
+            self._main_writes(lambda: self._write_single(weights, state, training))
+            self._main_writes(lambda: checkpoint.save({"adapter": adapter, "tokenizer": self.tokenizer,
+                                                       "config": self.run_config}, self.run_dir / ADAPTER))
         else:
             weights, training = state.model.state_dict(), state.state_dict(rngs)
             self._main_writes(lambda: self._write_single(weights, state, training))

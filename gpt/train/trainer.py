@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpt import attention, checkpoint
+from gpt import attention, checkpoint, lora
 from gpt.device import autocast, configure_matmul, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.train import build, decay, distributed, metrics, optim, parallelize, visuals
@@ -114,7 +114,10 @@ class Trainer:
             run_dir, run.resume, self.model_config, tokenizer, self.run_record, lock, log, decay_source))
         self.resumed = resume_from is not None
         self.out_of_time = False  # train.max_seconds passed (agreed by all ranks at the last step)
-        self.state = build.initial_state(self.model_config, run, self.data, precision, device, ranks)
+        self.state = build.initial_state(self.model_config, run, self.data, precision, device, ranks, init_weights)
+        if run.chat.lora_rank:
+            init_weights = None  # the base of the adapters, loaded
+            log(lora.describe(self.state.model))
         if resume_from is not None:
             self.state.load_state_dict(resume_from, ranks, log)
             how = "decaying" if source == decay_source else "resumed"
@@ -131,7 +134,7 @@ class Trainer:
         self.throughput = metrics.Throughput(self.tokens_per_step)
         self.n_params = self.state.model.num_params()
         self.params = list(self.state.model.parameters())  # clipped every step: listed once
-        self.ahead: tuple[list[int], tuple[torch.Tensor, torch.Tensor]] | None = None  # next micro-batch, read early
+        self.ahead: tuple[list[int], tuple] | None = None  # next micro-batch, read early
         self.peak_flops = metrics.peak_flops(device, precision)
 
     def _on_main(self, fn: Callable[[], Any]) -> Any:
@@ -245,11 +248,12 @@ class Trainer:
 
     def forward_backward(self, last: bool) -> torch.Tensor:
         """One micro-step on the next batch; gradients are all-reduced only on the ``last`` one. Returns the loss."""
-        x, y = self.next_batch()
+        x, y, *extra = self.next_batch()  # chat data adds positions and the mask that keeps conversations apart
+        kwargs = extra[0] if extra else {}
         with parallelize.gradient_sync(self.train_model, last):
             try:
                 with self.forward_context:
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, **kwargs)
             except Exception as err:  # a compiler failure on first use: say so once, go eager
                 if not self.compiled_first_step:
                     raise
@@ -258,13 +262,13 @@ class Trainer:
                 self.model = self.state.model
                 self.train_model = build.data_parallel(self.model, self.device, self.ranks)
                 with self.forward_context:
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, **kwargs)
             self.compiled_first_step = False
             self.state.scaler.scale(loss / self.train_config.grad_accum).backward()
         self.read_ahead()  # the device is still busy with this micro-step: read the next one meanwhile
         return loss.detach().float()
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple:
         """This rank's windows of the next micro-batch, as the sampler hands them out (disjoint across ranks)."""
         starts = self.state.sampler.next()
         ahead, self.ahead = self.ahead, None
@@ -368,7 +372,8 @@ class Trainer:
             f"best val loss {summary.best_val_loss:.4f}, {summary.tokens_per_sec:,.0f} tokens/s, "
             f"{summary.wall_s:.0f}s wall time\n"
             f"checkpoint: {summary.ckpt} (best: {self.run_dir / checkpoint.BEST})\n"
-            f"sample from it: python scripts/generate.py ckpt={self.run_dir}"
+            + (f"chat with it: python scripts/chat.py ckpt={self.run_dir}" if self.run.chat.data is not None else
+               f"sample from it: python scripts/generate.py ckpt={self.run_dir}")
         )
         return summary
 

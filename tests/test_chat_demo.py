@@ -1,0 +1,34 @@
+"""The demonstration's instruction set: exact answers, every task and phrasing, held-out words and sums never seen
+in training, the same set from the same seed; its prompts are the template's generation prompt."""
+
+from __future__ import annotations
+
+from gpt.bench.chat_demo import prompt_ids
+from gpt.data.chat import encode_conversation, with_chat_tokens
+from gpt.data.instructions import PHRASINGS, split
+from gpt.tokenizer import CharTokenizer
+from test_chat_data import CHARS
+
+
+def test_held_out_items_are_new_and_every_answer_is_exact():
+    train, heldout = split(2000, 200, seed=5)
+    assert (train, heldout) == split(2000, 200, seed=5) and split(2000, 200, seed=6) != (train, heldout)
+    assert not {(i.task, i.key) for i in heldout} & {(i.task, i.key) for i in train}
+    assert {i.task for i in heldout} == set(PHRASINGS)
+    assert len({i.prompt.replace(i.key, "{}") for i in train if i.task != "add"}) >= 10  # phrasings vary
+    for item in train + heldout:
+        if item.task == "add":
+            a, b = map(int, item.key.split("+"))
+            assert item.answer == str(a + b)
+        else:
+            expected = {"reverse": item.key[::-1], "sort": "".join(sorted(item.key)), "count": str(len(item.key))}
+            assert item.answer == expected[item.task] and item.key in item.prompt
+
+
+def test_a_held_out_prompt_is_the_conversation_up_to_the_reply():
+    tokenizer = with_chat_tokens(CharTokenizer(CHARS))
+    _, heldout = split(10, 8, seed=1)
+    for item in heldout:
+        ids, learned = encode_conversation(tokenizer, item.messages())
+        prompt = prompt_ids(tokenizer, item)
+        assert ids[: len(prompt)] == prompt and not any(learned[: len(prompt)]) and all(learned[len(prompt):-1])
