@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from gpt import checkpoint, hf, pretrained
+from gpt import checkpoint, gguf_export, hf, hf_targets, pretrained
 from gpt import sharded_checkpoint as sharded
 from gpt.config import MISSING, ScriptConfig
 from gpt.errors import ConfigError, UserError
@@ -19,7 +19,8 @@ class ExportConfig(ScriptConfig):
 
     ckpt: str = MISSING  # a run directory or .pt file, an exported folder, a Hugging Face GPT-2 folder
     out: Optional[str] = None  # default: <run directory>/export
-    format: str = "hf"  # hf: what transformers opens (GPT-2 layout) | native: this project's own (any model)
+    format: str = "hf"  # hf: what transformers opens (GPT-2, Starcoder2 or remote code) | native: this project's own
+    gguf_type: str = "f16"  # format=gguf: f32 | f16 | q8_0 (writes <out>/model-<gguf_type>.gguf)
     overwrite: bool = False  # replace an export already in out
     push_to_hub: Optional[str] = None  # a Hub repository id (user/name): upload the export there (extra [hf])
     private: bool = False  # with push_to_hub: create the repository private
@@ -29,7 +30,10 @@ class ExportConfig(ScriptConfig):
             output_path(self.out, "out", folder=True)
         if self.format not in pretrained.FORMATS:
             raise ConfigError(f"format must be one of {', '.join(pretrained.FORMATS)}, got {self.format!r}",
-                              hint="format=native exports models GPT-2's layout cannot hold (rope, n_kv_head, window)")
+                              hint="format=hf: GPT-2, Starcoder2 or remote code; format=native: this project's own; "
+                                   "format=gguf: llama.cpp")
+        if self.gguf_type not in gguf_export.TYPES:
+            raise ConfigError(f"gguf_type must be one of {', '.join(gguf_export.TYPES)}, got {self.gguf_type!r}")
 
 
 def default_out(ckpt: str) -> Path:
@@ -42,6 +46,12 @@ def default_out(ckpt: str) -> Path:
 def run(cfg: ExportConfig) -> None:
     """Write the export (refusing an occupied out= before any weights are read), then push it if asked."""
     out = Path(cfg.out).expanduser() if cfg.out else default_out(cfg.ckpt)
+    if cfg.format == "gguf":
+        config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
+        path = pretrained.export(state, config, tokenizer, out, format="gguf", overwrite=cfg.overwrite,
+                                 gguf_type=cfg.gguf_type)
+        print(f"wrote {path} (GGUF {cfg.gguf_type}, llama.cpp architecture {gguf_export.architecture(config)})")
+        return
     hf.check_out_dir(out, cfg.overwrite)
     run = [name for name in (checkpoint.LATEST, checkpoint.BEST, sharded.ROOT) if (out / name).exists()]
     if run:  # its config.json and weights would make the run read as an export (generate ckpt=<run> would load it)
@@ -49,6 +59,7 @@ def run(cfg: ExportConfig) -> None:
                         hint="export into a folder of its own, e.g. the default <run>/export")
     config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
     pretrained.export(state, config, tokenizer, out, format=cfg.format, overwrite=cfg.overwrite)
-    print(f"wrote {out} ({'Hugging Face GPT-2 layout' if cfg.format == 'hf' else 'native layout'})", flush=True)
+    what = hf_targets.WHAT[hf_targets.choose(config)] if cfg.format == "hf" else "native layout"
+    print(f"wrote {out} ({what})", flush=True)
     if cfg.push_to_hub:
         print(f"pushed to {hf.push_to_hub(out, cfg.push_to_hub, private=cfg.private)}")

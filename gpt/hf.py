@@ -35,7 +35,8 @@ META_KEY = "gpt_attention"  # config.json key holding this project's own descrip
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 # Every file an export may write: what marks a folder as holding one, and what overwrite=true replaces.
 EXPORT_FILES = ("config.json", WEIGHTS, INDEX, "generation_config.json", "vocab.json", "merges.txt",
-                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modeling_gpt_attention.py")
+DESIGN_FILES = "design_*.py"  # a remote-code export's design parts (gpt.hf_targets)
 
 
 def safetensors_torch():
@@ -298,6 +299,7 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
 def _stale_files(out: Path, written: set[str]) -> list[Path]:
     """The previous export's files this one does not rewrite: listed names, and the shards its index named."""
     stale = [out / name for name in EXPORT_FILES if name not in written and (out / name).is_file()]
+    stale += [path for path in sorted(out.glob(DESIGN_FILES)) if path.name not in written and path.is_file()]
     if (out / INDEX).is_file() and INDEX not in written:
         try:
             shards = set(weight_map(out).values())

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from gpt import checkpoint, hf
+from gpt import checkpoint, hf, hf_targets
 from gpt import tokenizer as tok
 from gpt.config import GPTConfig
 from gpt.designs.registry import DesignUnavailable
@@ -29,7 +29,7 @@ GPT2_SIZES = {
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
 }
 EXPORT_FORMAT = "gpt-attention/1"
-FORMATS = ("hf", "native")  # export layouts: Hugging Face GPT-2 (the default), this project's own
+FORMATS = ("hf", "native", "gguf")  # export layouts: for transformers (the default), this project's own, llama.cpp
 _safetensors = hf.safetensors_torch
 gpt2_state_dict = hf.from_hf_state  # a Hugging Face GPT-2 state dict in this project's names and layout
 
@@ -89,15 +89,21 @@ def load_gpt2(name: str, init_path: str | None = None, attention: str = "sdpa") 
 
 
 def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out_dir: str | Path,
-           format: str = "hf", overwrite: bool = False) -> Path:
-    """Write an export folder: format=hf, what transformers' GPT2LMHeadModel and AutoTokenizer open (model.safetensors,
+           format: str = "hf", overwrite: bool = False, gguf_type: str = "f16") -> Path:
+    """Write an export folder: format=hf, what transformers opens with AutoTokenizer and AutoModelForCausalLM (the
+    target of gpt.hf_targets.choose: GPT2LMHeadModel, Starcoder2ForCausalLM or remote code; model.safetensors,
     config.json, generation_config.json, tokenizer files); format=native, this project's names and config.json.
 
     Both read back losslessly (load_weights). An out_dir holding another export is refused unless overwrite.
+    format=gguf writes out_dir/model-<gguf_type>.gguf (gpt.gguf_export) and returns that file's path.
     """
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
     out = Path(out_dir).expanduser()
+    if format == "gguf":  # one file, model-<gguf_type>.gguf, beside whatever else the folder holds
+        from gpt import gguf_export
+
+        return gguf_export.write(state, config, tokenizer, out, gguf_type, overwrite)
     hf.check_out_dir(out, overwrite)
     if format == "native":
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()
@@ -106,7 +112,10 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
         hf.write_folder(out, tensors, {"format": EXPORT_FORMAT},
                         {"config.json": json.dumps(meta, indent=1, ensure_ascii=False)})
         return out
-    hf.check_representable(config)
+    target = hf_targets.choose(config)
+    if target != "gpt2":
+        hf_targets.write(target, state, config, tokenizer, out)
+        return out
     tensors = hf.to_hf_state(state, config)
     files = {**hf.tokenizer_files(tokenizer, config.block_size),
              "generation_config.json": json.dumps(hf.generation_config(config, tokenizer), indent=1),
@@ -119,12 +128,13 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
 def is_native(path: str | Path) -> bool:
     """A folder written by export(format=native): model.safetensors beside a config.json of this project's own."""
     path = Path(path)
-    return path.is_dir() and (path / hf.WEIGHTS).is_file() and (path / "config.json").is_file()
+    return (not hf_targets.is_folder(path) and path.is_dir() and (path / hf.WEIGHTS).is_file()
+            and (path / "config.json").is_file())
 
 
 def is_export(path: str | Path) -> bool:
-    """A folder written by export() in either layout (or any Hugging Face GPT-2 folder)."""
-    return hf.is_folder(path) or is_native(path)
+    """A folder written by export() in any layout (or any Hugging Face GPT-2 folder)."""
+    return hf.is_folder(path) or hf_targets.is_folder(path) or is_native(path)
 
 
 def read_native(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
@@ -146,7 +156,10 @@ def read_native(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
 
 def load_export(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any]]:
     """A model written by export(), either layout: its GPTConfig, state dict (head re-tied), tokenizer description."""
-    config, state, tokenizer = (hf.load_folder if hf.is_folder(path) else read_native)(path)
+    if hf_targets.is_folder(path):
+        config, state, tokenizer = hf_targets.read_folder(path)[:3]
+    else:
+        config, state, tokenizer = (hf.load_folder if hf.is_folder(path) else read_native)(path)
     checkpoint.check_model_state(config, state, path)
     return config, state, tokenizer
 
@@ -166,6 +179,8 @@ Reader = Callable[[str, Optional[str]], tuple[GPTConfig, dict[str, Tensor], dict
 SOURCES: tuple[tuple[str, Callable[[str], bool], Reader], ...] = (
     ("OpenAI's GPT-2 (gpt2*, from the Hub or init_path)", lambda ckpt: ckpt in GPT2_SIZES, read_gpt2),
     ("a Hugging Face GPT-2 folder (or an export in its layout)", hf.is_folder, lambda ckpt, _: hf.load_folder(ckpt)),
+    ("a Starcoder2 or remote-code export (weights and config.json only: its modeling file is never run)",
+     hf_targets.is_folder, lambda ckpt, _: hf_targets.read_folder(ckpt)[:3]),
     ("a native export", is_native, lambda ckpt, _: read_native(ckpt)),
     ("a run folder, .pt file or sharded checkpoint", lambda ckpt: True, lambda ckpt, _: read_checkpoint(ckpt)),
 )

@@ -154,3 +154,22 @@ def test_the_eval_config_composes_with_a_data_group_or_a_folder():
     assert isinstance(plain, EvalConfig) and plain.data is None and plain.task == "heldout" and plain.split == "val"
     assert named.data.name == "stdlib_gpt2" and named.hellaswag.path == "hs.jsonl" and named.limit == 5
     assert folder.data_dir == "prepared/here" and folder.data is None
+
+
+@pytest.mark.parametrize("settings", [{"pos_embedding": "rope", "n_kv_head": 1, "window": 8},  # Starcoder2
+                                      {"qk_norm": True, "window": 8}])  # remote code
+def test_an_export_for_transformers_evaluates_as_its_checkpoint_does(settings, prepared, tmp_path):
+    """scripts/eval.py ckpt=<export folder>: the weights and config.json read back (never the modeling file)."""
+    from gpt.pretrained import export
+
+    torch.manual_seed(0)
+    chars = vocab(prepared)
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=len(chars), **settings)
+    model = GPT(config)
+    (tmp_path / "run").mkdir()
+    checkpoint.save(checkpoint.model_entries(model.state_dict(), config, CharTokenizer(chars).to_meta()),
+                    tmp_path / "run" / checkpoint.LATEST)
+    export(model.state_dict(), config, CharTokenizer(chars).to_meta(), tmp_path / "export")
+    results = [run(EvalConfig(ckpt=str(tmp_path / source), data_dir=str(Path(prepared.root) / prepared.name),
+                              batch_size=3, limit=4, device=DeviceConfig("cpu"))) for source in ("run", "export")]
+    assert results[0]["loss"] == results[1]["loss"] and results[0]["tokens"] == results[1]["tokens"]

@@ -68,17 +68,23 @@ def write_tasks(folder, docs_path, texts_path):
         (folder / f"{task['task']}.yaml").write_text(json.dumps(task))  # JSON is YAML
 
 
-def test_simple_evaluate_on_a_local_task_matches_a_float64_reference(saved, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """The two local tasks, and one TaskManager for them (building one indexes every task lm-eval ships: slow)."""
     from lm_eval.tasks import TaskManager
 
+    folder = tmp_path_factory.mktemp("tasks")
+    (folder / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    (folder / "texts.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TEXTS))
+    write_tasks(folder, folder / "docs.jsonl", folder / "texts.jsonl")
+    return TaskManager(include_path=str(folder))
+
+
+def test_simple_evaluate_on_a_local_task_matches_a_float64_reference(saved, tasks, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     folder, model = saved
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    (tmp_path / "texts.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TEXTS))
-    write_tasks(tmp_path, tmp_path / "docs.jsonl", tmp_path / "texts.jsonl")
     lm = GPTAttentionLM(ckpt=str(folder), device="cpu", batch_size=3)
-    out = lm_eval.simple_evaluate(model=lm, tasks=["tiny_choice", "tiny_rolling"],
-                                  task_manager=TaskManager(include_path=str(tmp_path)))["results"]
+    out = lm_eval.simple_evaluate(model=lm, tasks=["tiny_choice", "tiny_rolling"], task_manager=tasks)["results"]
     acc, acc_norm = [], []
     for doc in DOCS:
         lls = np.array([reference_loglik(model, doc["query"], " " + c) for c in doc["choices"]])
@@ -137,3 +143,42 @@ def test_loglikelihoods_agree_with_transformers_on_the_hugging_face_export(saved
         n = len(continuation)
         assert ll == pytest.approx(sum(logp[len(ids) - 1 - n + k, ids[len(ids) - n + k]].item() for k in range(n)),
                                    abs=1e-4)
+
+
+def small_bpe(folder):
+    """A 300-token byte-level BPE with <|endoftext|> (lm-eval's hf model needs an end-of-text token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from gpt.tokenizer import BPETokenizer
+
+    library = Tokenizer(models.BPE())
+    library.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    library.decoder = decoders.ByteLevel()
+    texts = [d["query"] + " " + " ".join(d["choices"]) for d in DOCS] * 20 + [t["text"] for t in TEXTS]
+    library.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    folder.mkdir()
+    library.save(str(folder / "tokenizer.json"))
+    return BPETokenizer.from_file(folder)
+
+
+def test_lm_eval_harness_runs_transformers_on_a_remote_code_export(tasks, tmp_path, monkeypatch):
+    """lm-eval's own hf model (AutoModelForCausalLM with trust_remote_code) on an exported non-GPT-2 design and a
+    local task: the log-likelihoods and scores of this project's model on the same export."""
+    pytest.importorskip("transformers")
+    from lm_eval.models.huggingface import HFLM
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    tokenizer = small_bpe(tmp_path / "tok")
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=48, vocab_size=tokenizer.vocab_size,
+                       pos_embedding="alibi", qk_norm=True)
+    export = pretrained.export(randomised(config).state_dict(), config, tokenizer.to_meta(), tmp_path / "hf")
+    assert (export / "modeling_gpt_attention.py").is_file()
+    theirs = HFLM(pretrained=str(export), trust_remote_code=True, dtype="float32", device="cpu", batch_size=3)
+    ours = GPTAttentionLM(ckpt=str(export), device="cpu", batch_size=3)
+    requests = [SimpleNamespace(args=(d["query"], " " + c)) for d in DOCS for c in d["choices"]]
+    for (a, _), (b, _) in zip(theirs.loglikelihood(requests), ours.loglikelihood(requests)):
+        assert a == pytest.approx(b, abs=1e-4)
+    scores = [lm_eval.simple_evaluate(model=lm, tasks=["tiny_choice"], task_manager=tasks)["results"]["tiny_choice"]
+              for lm in (theirs, ours)]
+    assert scores[0]["acc,none"] == scores[1]["acc,none"] and scores[0]["acc_norm,none"] == scores[1]["acc_norm,none"]

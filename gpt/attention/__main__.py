@@ -48,7 +48,7 @@ def designs_table() -> str:
                      "kernels": "its own" if not design.uses_kernel else
                      "any" if kernels == attention.available() else " ".join(kernels),
                      "cache": design.cache.__name__ if design.cache else "keys, values",
-                     "exports": " ".join(design.exports)})
+                     "exports": " ".join([*design.exports, *(["remote-code"] if design.modeling else [])])})
     columns = list(rows[0])
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     lines = ["attention designs (gpt.designs; bring your own: designs=[file.py] or GPT_DESIGNS):", "",

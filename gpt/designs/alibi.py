@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from gpt.designs.registry import Design, register
+from gpt.designs.registry import Design, modeling_file, register
 
 
 def alibi_slopes(n_head: int) -> Tensor:
@@ -38,6 +38,7 @@ def alibi_bias(n_head: int, q_index: Tensor, k_index: Tensor) -> Tensor:
 
 class Alibi(Design):
     name = "alibi"
+    modeling = modeling_file("alibi")
     about = "a linear distance penalty per head added to the scores, instead of the learned position table"
     paper = "Press, Smith and Lewis 2022, Train Short, Test Long"
     switch, on = "pos_embedding", "alibi"

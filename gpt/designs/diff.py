@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from gpt.designs import reference
-from gpt.designs.registry import Design, check_bool, register
+from gpt.designs.registry import Design, check_bool, modeling_file, register
 from gpt.errors import ConfigError
 from gpt.model import CausalSelfAttention
 
@@ -62,6 +62,7 @@ class DiffAttention(CausalSelfAttention):
 
 class Diff(Design):
     name = "diff"
+    modeling = modeling_file("diff")
     about = "differential attention: two softmax maps from the halves of q and k, the second subtracted"
     paper = "Ye et al. 2024, Differential Transformer"
     switch = "diff_attn"

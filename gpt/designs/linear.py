@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt.designs import reference
-from gpt.designs.registry import Design, register
+from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
 from gpt.model import CausalSelfAttention
 
@@ -111,6 +111,7 @@ class LinearAttention(CausalSelfAttention):
 
 class Linear(Design):
     name = "linear"
+    modeling = modeling_file("linear")
     about = "causal linear attention: a feature map instead of the softmax, decoded from a running state"
     paper = "Katharopoulos et al. 2020, Transformers are RNNs"
     switch = "linear_attn"

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from gpt.designs import reference
-from gpt.designs.registry import Design, register
+from gpt.designs.registry import Design, modeling_file, register
 from gpt.designs.rope import angles_for, apply_rope, rotate
 from gpt.errors import ConfigError
 from gpt.kv_cache import keep
@@ -86,6 +86,7 @@ class LatentAttention(CausalSelfAttention):
 
 class Latent(Design):
     name = "mla"
+    modeling = modeling_file("mla")
     about = "multi-head latent attention: keys and values up-projected from a small cached latent"
     paper = "DeepSeek-AI 2024, DeepSeek-V2 (section 2.1)"
     switch = "mla_latent"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt.designs.registry import Design, check_bool, register
+from gpt.designs.registry import Design, check_bool, modeling_file, register
 
 
 class QKNorm(Design):
     name = "qk_norm"
+    modeling = modeling_file("qk_norm")
     about = "queries and keys RMS-normalised per head (learned gains) before the dot product"
     paper = "Henry et al. 2020, Query-Key Normalization for Transformers; Dehghani et al. 2023 (ViT-22B)"
     switch = "qk_norm"

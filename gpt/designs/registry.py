@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -48,6 +49,8 @@ class Design:
     kernel_options: tuple[str, ...] = ()  # kernel options it needs (gpt.attention.registry.OPTIONS)
     uses_kernel: bool = True  # False: its layer computes attention itself, so attention=<kernel> changes nothing
     exports: tuple[str, ...] = ("native",)  # export formats that can hold it (EXPORT_FORMATS)
+    modeling: str | None = None  # its remote-code export: a self-contained .py file (torch, transformers) defining
+    # class Part, hooks of gpt/designs/modeling/core.py (modeling_file(name) for the built-ins); None: none
     preset: dict[str, Any] | None = None  # the arena's preset (model overrides); None: switched on with defaults
     view: str = "the softmax weights of each head"  # what the attention pictures show for it
     conflicts: dict[str, str] = {}  # designs it cannot be combined with -> why (either side may say it)
@@ -125,6 +128,11 @@ class Design:
     def reference(self, layer: Any, x: Tensor, config: GPTConfig) -> Tensor:
         """A layer design's whole layer in float64 (x (B, T, C) -> (B, T, C)); parts use the core's."""
         raise NotImplementedError(f"design {self.name} has no float64 reference")
+
+
+def modeling_file(name: str) -> str:
+    """The path of a built-in design's remote-code part, gpt/designs/modeling/<name>.py."""
+    return str(Path(__file__).resolve().parent / "modeling" / f"{name}.py")
 
 
 def field_default(config: GPTConfig, name: str) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gpt.designs.registry import Design, register
+from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
 
 
@@ -53,6 +53,7 @@ def rotate(x: Tensor, position: int) -> Tensor:
 
 class Rope(Design):
     name = "rope"
+    modeling = modeling_file("rope")
     about = "rotary position embeddings on q and k instead of the learned position table"
     paper = "Su et al. 2021, RoFormer"
     switch, on = "pos_embedding", "rope"

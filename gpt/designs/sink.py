@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt.designs.registry import Design, check_bool, register
+from gpt.designs.registry import Design, check_bool, modeling_file, register
 
 
 class Sink(Design):
     name = "sink"
+    modeling = modeling_file("sink")
     about = "a learned sink logit per head joins every softmax (the weight may go nowhere)"
     paper = "Xiao et al. 2023 (attention sinks); OpenAI 2025, gpt-oss (a learned sink per head)"
     switch = "attn_sink"

@@ -6,12 +6,13 @@ import math
 
 import torch
 
-from gpt.designs.registry import Design, register
+from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
 
 
 class SoftCap(Design):
     name = "softcap"
+    modeling = modeling_file("softcap")
     about = "soft-capped attention scores: cap * tanh(scores / cap)"
     paper = "Gemma Team 2024, Gemma 2 (logit soft-capping)"
     switch = "attn_softcap"

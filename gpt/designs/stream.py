@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from gpt.attention.masks import causal_mask
-from gpt.designs.registry import Design, register
+from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError, UserError
 from gpt.kv_cache import LayerKV
 
@@ -60,6 +60,7 @@ class SinkKV(LayerKV):
 
 class Stream(Design):
     name = "stream"
+    modeling = modeling_file("stream")
     about = "with a sliding window, every query also sees the first model.sink_tokens tokens (StreamingLLM)"
     paper = "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks"
     switch = "sink_tokens"
