@@ -275,7 +275,7 @@ def hf_twin(model: GPT):
         return None
     from gpt.hf import META_KEY, hf_config, to_hf_state
 
-    values = hf_config(model.config, {"kind": "char"}, torch.float32, "proof")
+    values = hf_config(model.config, {"kind": "char", "vocab_size": model.config.vocab_size}, torch.float32, "proof")
     config = transformers.GPT2Config(**{k: v for k, v in values.items() if k != META_KEY})
     twin = transformers.GPT2LMHeadModel(config)
     twin.load_state_dict(to_hf_state(model.state_dict(), model.config), strict=False)
