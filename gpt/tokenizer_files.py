@@ -80,10 +80,8 @@ def special_tokens(meta: dict[str, Any]) -> dict[str, int]:
     """The special tokens of a description by name: none for characters, <|endoftext|> for GPT-2, then any added
     after the vocabulary (ChatML's)."""
     added = meta.get("added_tokens") or []
-    found = {bpe.EOT: GPT2_VOCAB_SIZE - 1} if meta["kind"] == "gpt2" else dict(meta.get("special_tokens") or {})
-    if not added:  # a description from before added tokens may lack vocab_size
-        return found
     base = meta["vocab_size"] - len(added)
+    found = {bpe.EOT: GPT2_VOCAB_SIZE - 1} if meta["kind"] == "gpt2" else dict(meta.get("special_tokens") or {})
     return found | {name: base + i for i, name in enumerate(added)}
 
 
