@@ -35,6 +35,10 @@ from gpt.schema import register, typed
 register()
 
 
+FAST = ["arena.quick=true", "arena.tokens=8192", "arena.eval_tokens=1024", "arena.decode_tokens=8", "device=cpu"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only contends with whatever else runs
+
+
 def arena_config(*overrides: str) -> ArenaConfig:
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         return typed(compose(config_name="arena", overrides=list(overrides)))
@@ -135,8 +139,8 @@ def test_the_recipe_axis_trains_every_variant_under_each_recipe_with_its_own_des
 @pytest.mark.slow
 def test_quick_arena_runs_a_variant_under_both_recipes(tmp_path, data_args):
     out = tmp_path / "arena"
-    result = run_script("arena", "arena.quick=true", "arena.variants=[gpt2]", "arena.recipes=[gpt2,modern]",
-                        "device=cpu", f"out_dir={out}", *data_args, timeout=600)
+    result = run_script("arena", *FAST, "arena.variants=[gpt2]", "arena.recipes=[gpt2,modern]", f"out_dir={out}",
+                        *data_args, timeout=600, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(out / "arena.csv") as f:
         rows = {r["group"]: r for r in csv.DictReader(f)}
@@ -258,10 +262,6 @@ def test_a_folder_of_another_configuration_or_a_damaged_result_is_refused(tmp_pa
     (folder / arena_runs.RESULT_FILE).write_text('{"val_bpb": "3.1"}')
     with pytest.raises(UserError, match="params is missing or not a number"):
         arena_runs.finished(folder)
-
-
-FAST = ["arena.quick=true", "arena.tokens=8192", "arena.eval_tokens=1024", "arena.decode_tokens=8", "device=cpu"]
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only contends with whatever else runs
 
 
 def per_seed(out) -> dict[tuple[str, str], dict[str, str]]:
