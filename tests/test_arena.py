@@ -309,7 +309,7 @@ def test_quick_arena_with_three_seeds_of_three_designs_reports_means_stds_and_p_
 
 @pytest.mark.slow
 def test_an_interrupted_arena_resumes_where_it_stopped_and_gives_the_same_table(tmp_path, data_args):
-    args = [*FAST, "arena.tokens=16384", "arena.variants=[gpt2,rope]", *data_args]
+    args = [*FAST, "arena.flops=3e9", "arena.variants=[gpt2,rope]", *data_args]  # ~34 steps (FLOPs: the vocabulary)
     straight = run_script("arena", *args, f"out_dir={tmp_path / 'straight'}", timeout=300, env=ONE_THREAD)
     assert straight.returncode == 0, straight.stderr[-3000:]
     out = tmp_path / "stopped"

@@ -214,11 +214,11 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     from gpt.data.prepare import prepare
     from gpt.train.signals import SignalGuard
 
-    for cell in plan(cfg):
-        arena_runs.check_folder(Path(cell.run.out_dir), cell.run)
     make_out_dir(Path(cfg.out_dir))  # a read-only or full disk is one error now, not after every variant failed
     vocab = TokenData(prepare(cfg.data, log=log)).tokenizer.vocab_size  # once, before any variant: they all read it
     cells = plan(cfg, vocab)  # the FLOPs budget counts the head over the data's vocabulary
+    for cell in cells:  # before anything trains: a folder of another configuration is refused
+        arena_runs.check_folder(Path(cell.run.out_dir), cell.run)
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for i, cell in enumerate(cells):
