@@ -76,7 +76,8 @@ def leaderboard(groups: list[dict[str, Any]]) -> str:
             table.append(["-", g["variant"], "failed: " + str(g["error"]), *[""] * (len(HEADERS) - 3)])
             continue
         bpb = f"{g['val_bpb_mean']:.4f}" + (f" ± {g['val_bpb_std']:.4f}" if g["seeds"] > 1 else "")
-        bpb += f" ({g['failed']} failed)" if g["failed"] else ""
+        bpb += f" ({g['failed']} {'unfinished' if str(g['error']).startswith('interrupted') else 'failed'})" \
+            if g["failed"] else ""
         table.append([rank, g["variant"], number(g["params"] and g["params"] / 1e6, ".3f") + "M",
                       number(g["flops_per_token"], ",.0f"), bpb, number(g["delta_bpb"], "+.4f"),
                       number(g["p"], ".3g"), "" if g["verdict"] in ("n/a", "baseline") else g["verdict"],
