@@ -336,3 +336,18 @@ def test_an_interrupted_arena_resumes_where_it_stopped_and_gives_the_same_table(
     for key in a:
         for column in ("val_loss", "val_bpb", "params", "steps", "tokens", "flops_per_token", "kv_bytes_per_token"):
             assert a[key][column] == b[key][column], (key, column)
+
+
+def test_a_resumed_runs_curve_counts_seconds_from_its_first_evaluation_not_backwards(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gpt.bench.arena import loss_curve
+
+    writer = SummaryWriter(str(tmp_path))  # evaluations at steps 0, 10 before an interruption; 10 again, 20 after
+    for step, wall, val in [(0, 1000.0, 3.0), (10, 1004.0, 2.5), (10, 1500.0, 2.5), (20, 1503.0, 2.0)]:
+        writer.add_scalar("val/loss", val, step, walltime=wall)
+        writer.add_scalar("train/eval_loss", val + 0.1, step, walltime=wall)
+    writer.close()
+    curve = loss_curve(tmp_path, tokens_per_step=100, started=1499.0)
+    assert [(p["tokens"], p["seconds"], p["val"]) for p in curve] == [(0, 0.0, 3.0), (1000, 5.0, 2.5),
+                                                                       (2000, 8.0, 2.0)]

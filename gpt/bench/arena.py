@@ -124,15 +124,23 @@ def eval_tokens(cfg: ArenaConfig) -> int | None:
 
 def loss_curve(run_dir: Path, tokens_per_step: int, started: float) -> list[dict[str, float]]:
     """(tokens, seconds, train, val) at each evaluation, read back from the run's TensorBoard scalars (the Trainer
-    writes val/loss and train/eval_loss there at every evaluation; seconds count from ``started``, a time.time())."""
+    writes val/loss and train/eval_loss there at every evaluation; seconds count from ``started``, a time.time()).
+    A resumed run's evaluations from before the resume count from its first one, and those after it continue
+    from there (the time between its last evaluation and the interruption is not counted)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.WARNING)  # not its "No path found after <events file>"
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)  # resumed
     events.Reload()
     train = {e.step: e.value for e in events.Scalars("train/eval_loss")}
-    return [{"tokens": e.step * tokens_per_step, "seconds": e.wall_time - started, "train": train.get(e.step, math.nan),
-             "val": e.value} for e in events.Scalars("val/loss")]
+    every = events.Scalars("val/loss")
+    val = {e.step: e for e in every}  # a step evaluated twice (at a resume): the later one
+    earlier = [e.wall_time for e in every if e.wall_time < started]
+    offset = (max(earlier) - min(earlier)) if earlier else 0.0
+    seconds = {step: e.wall_time - min(earlier) if e.wall_time < started else offset + e.wall_time - started
+               for step, e in val.items()}
+    return [{"tokens": step * tokens_per_step, "seconds": seconds[step], "train": train.get(step, math.nan),
+             "val": val[step].value} for step in sorted(val)]
 
 
 def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:

@@ -22,7 +22,7 @@ def pyplot():
 
 
 def save(fig: Any, path: Path, what: str) -> None:
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), what=what)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"), what=what)
     pyplot().close(fig)
 
 
@@ -49,17 +49,22 @@ def plot_loss(rows: list[dict[str, Any]], path: Path) -> bool:
         if row.get("curve"):
             groups.setdefault(row["group"], []).append(row)
     plt = pyplot()
-    fig, (by_tokens, by_seconds) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for group, runs in groups.items():
+    fig, (by_tokens, by_seconds) = plt.subplots(1, 2, figsize=(12.5, 4.4), sharey=True)
+    variants = list(dict.fromkeys(runs[0]["variant"] for runs in groups.values()))
+    slices = list(dict.fromkeys(runs[0]["slice"] for runs in groups.values()))
+    colours, styles = plt.rcParams["axes.prop_cycle"].by_key()["color"], ["-", "--", ":", "-."]
+    for group, runs in groups.items():  # colour: the variant; line style: the slice of the grid
+        colour = colours[variants.index(runs[0]["variant"]) % len(colours)]
+        style = styles[slices.index(runs[0]["slice"]) % len(styles)]
         for ax, x in ((by_tokens, "tokens"), (by_seconds, "seconds")):
             xs, mean, std = seed_band(runs, x)
-            line, = ax.plot(xs, mean, marker="o", ms=3, label=group if ax is by_tokens else None)
+            ax.plot(xs, mean, style, marker="o", ms=3, color=colour, label=group if ax is by_tokens else None)
             ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+                            color=colour, alpha=0.15, linewidth=0)
     by_tokens.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="loss against tokens")
     by_seconds.set(xlabel="seconds (training and evaluations)", title="loss against wall-clock time")
     if groups:  # every variant failed: no line to name
-        by_tokens.legend(fontsize=8)
+        fig.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle("mean over seeds, band: one standard deviation" if any(len(r) > 1 for r in groups.values())
                  else "", fontsize=9)
     fig.tight_layout()
