@@ -126,7 +126,8 @@ def test_gpt2_encoding_unreachable_offline(existing, tmp_path):
 def test_generate_refuses_bad_settings(existing, args, message):
     root, run, _ = existing
     before = snapshot(root)
-    result = (run_script if args == ["max_new_tokens=0"] else run_inline)("generate", f"ckpt={run}", "device=cpu", *args)
+    run_as = run_script if args == ["max_new_tokens=0"] else run_inline  # one as a real process
+    result = run_as("generate", f"ckpt={run}", "device=cpu", *args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert untouched(before, root, run)
