@@ -25,7 +25,7 @@ install:
 
 install-dev:
 	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, tokenizers, \
-		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval, gguf, fastapi, uvicorn, jinja2, openai, selenium, peft, xdist" \
+		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval, gguf, fastapi, uvicorn, jinja2, openai, selenium, peft, scipy, xdist" \
 		2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
 
 clean:

@@ -215,9 +215,10 @@ class Trainer:
         val = val_metrics(losses["val"], self.data.meta["splits"]["val"])
         self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
                                     "val/ppl": val["ppl"], "val/bpb": val["bpb"]})
-        if not train.fsdp:  # samples run on rank 0 alone; a sharded model needs every rank
+        if not train.fsdp and (train.sample_tokens or train.pictures):  # rank 0 alone; a sharded model needs all
             self.records.pictures(lambda writer: visuals.log_samples(
-                writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step))
+                writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step,
+                pictures=train.pictures))
         self.checkpointer.save(state, best=improved, keep=train.keep_checkpoints)
         bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
