@@ -181,7 +181,8 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     from gpt.train.trainer import train
 
     started = time.time()
-    summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py")
+    summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py",
+                    resume_hint="the same scripts/arena.py command again (it resumes the runs it did not finish)")
     if summary.interrupted:  # a stop signal (Ctrl-C): the arena stops too, with the rows it has
         return {"error": f"interrupted at step {summary.step} (checkpoint saved)", "stop": True}
     device = resolve_device(run.device.type)
