@@ -133,6 +133,19 @@ def tensor_data(gguf, name: str, value: Tensor, kind: str) -> tuple[np.ndarray, 
     return array.astype(np.float16), gguf.GGMLQuantizationType.F16
 
 
+def empty_arrays_allowed(gguf) -> Any:
+    """gguf with a writer that can write an empty array (GGUF has them; gguf-py's writer refuses them): a character
+    vocabulary written as a "gpt2" BPE has no merges, and llama.cpp needs its merges key all the same."""
+    class Writer(gguf.GGUFWriter):
+        def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
+            if vtype != gguf.GGUFValueType.ARRAY or len(val) > 0:
+                return super()._pack_val(val, vtype, add_vtype, sub_type)
+            prefix = self._pack("I", vtype) if add_vtype else b""
+            return prefix + self._pack("I", sub_type or gguf.GGUFValueType.STRING) + self._pack("Q", 0)
+
+    return type("gguf_with_empty_arrays", (), {"GGUFWriter": Writer})
+
+
 def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out: Path, kind: str,
           overwrite: bool) -> Path:
     """Write <out>/model-<kind>.gguf (refused if there, unless overwrite) and return its path."""
@@ -147,7 +160,7 @@ def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any]
         raise UserError(f"{path} already exists", hint="pass overwrite=true to replace it, or pick another out=")
 
     def write_file(f: BinaryIO) -> None:
-        writer = gguf.GGUFWriter(f.name, arch)
+        writer = empty_arrays_allowed(gguf).GGUFWriter(f.name, arch)
         writer.add_name(out.name)
         writer.add_block_count(config.n_layer)
         writer.add_context_length(config.block_size)
@@ -163,15 +176,16 @@ def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any]
                               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
         writer.add_tokenizer_model(tokenizer_model)
         if tokenizer_model == "gpt2":
-            writer.add_tokenizer_pre("gpt2")  # GPT-2's split before the byte-level BPE (llama.cpp's name for it)
+            writer.add_tokenizer_pre("gpt-2")  # GPT-2's split before the byte-level BPE, by llama.cpp's name for it
         else:  # characters as they are: no space added in front, no begin-of-text token
             writer.add_add_space_prefix(False)
             writer.add_add_bos_token(False)
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         writer.add_token_scores([0.0] * len(tokens))  # BPE has no scores; readers that derive merges ask for them
-        if merges:
-            writer.add_token_merges(merges)
+        if merges or tokenizer_model == "gpt2":  # llama.cpp refuses a gpt2 vocabulary without the key, even empty
+            writer.add_key_value(gguf.Keys.Tokenizer.MERGES, merges, gguf.GGUFValueType.ARRAY,
+                                 sub_type=gguf.GGUFValueType.STRING)
         if eot_id(tokenizer) is not None:
             writer.add_bos_token_id(eot_id(tokenizer))
             writer.add_eos_token_id(eot_id(tokenizer))
