@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import runpy
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,6 +107,32 @@ def run_script(
         text=True,
         timeout=timeout,
     )
+
+
+_mains: dict[str, Callable[..., None]] = {}
+
+
+def run_inline(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """scripts/<name>.py's main() in this process on ``args``, with what run_script would give: the exit code, stdout
+    and stderr. For commands a user gets refused: they stop before any work, so a process would spend its seconds
+    importing torch. The real processes are run_script's (each script's refusals keep at least one there)."""
+    if name not in _mains:
+        _mains[name] = runpy.run_path(str(ROOT / "scripts" / f"{name}.py"), run_name=f"inline_{name}")["main"]
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ.pop("HYDRA_FULL_ERROR", None)
+    code: int | str | None = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            _mains[name](list(args))
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    code = 0 if code is None else code if isinstance(code, int) else 1
+    return subprocess.CompletedProcess([name, *args], code, out.getvalue(), err.getvalue())
 
 
 # A torchrun worker: arms a stack dump of every thread (then exit) for a worker still running after argv[1]

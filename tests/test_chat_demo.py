@@ -3,9 +3,12 @@ in training, the same set from the same seed; its prompts are the template's gen
 
 from __future__ import annotations
 
-from gpt.bench.chat_demo import prompt_ids
+import pytest
+
+from gpt.bench.chat_demo import ChatDemoConfig, prompt_ids
 from gpt.data.chat import encode_conversation, with_chat_tokens
 from gpt.data.instructions import PHRASINGS, split
+from gpt.errors import ConfigError
 from gpt.tokenizer import CharTokenizer
 from test_chat_data import CHARS
 
@@ -32,3 +35,13 @@ def test_a_held_out_prompt_is_the_conversation_up_to_the_reply():
         ids, learned = encode_conversation(tokenizer, item.messages())
         prompt = prompt_ids(tokenizer, item)
         assert ids[: len(prompt)] == prompt and not any(learned[: len(prompt)]) and all(learned[len(prompt):-1])
+
+
+
+@pytest.mark.parametrize("bad", [[], ["lora", "lora"], ["full", "qlora"]])
+def test_ways_names_full_lora_or_both_once_each(bad):
+    assert ChatDemoConfig(base="runs/x").ways == ["full", "lora"]
+    assert ChatDemoConfig(base="runs/x", ways=["lora"]).ways == ["lora"]
+    with pytest.raises(ConfigError, match="ways must name full, lora or both") as err:
+        ChatDemoConfig(base="runs/x", ways=bad)
+    assert err.value.hint

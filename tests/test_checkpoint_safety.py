@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from conftest import dotted_global_pickle, run_script, save_char_model
+from conftest import dotted_global_pickle, run_inline, run_script, save_char_model
 from gpt import checkpoint, files
 from gpt.errors import UserError
 
@@ -58,7 +58,7 @@ def test_damaged_checkpoints_are_user_errors(tmp_path, damage):
 
 @pytest.mark.slow
 def test_generate_on_an_empty_run_directory(tmp_path):
-    result = run_script("generate", f"ckpt={tmp_path}", "device=cpu")
+    result = run_inline("generate", f"ckpt={tmp_path}", "device=cpu")
     assert result.returncode == 2 and "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
 
 

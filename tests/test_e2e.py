@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import run_script, write_corpus
+from conftest import run_inline, run_script, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_fine_tuning_starts_from_exported_weights_and_checks_the_tokenizer(train
     other = tmp_path / "other"
     other.mkdir()
     (other / "t.txt").write_text("a completely different alphabet: QXZ! " * 40)
-    refused = run_script("train", *TINY_RUN, "data=text", f"data.path={other}", "data.name=other",
+    refused = run_inline("train", *TINY_RUN, "data=text", f"data.path={other}", "data.name=other",
                          f"data.root={root / 'data'}", f"init_from={run_dir}", f"out_dir={tmp_path / 'refused'}")
     assert refused.returncode == 2 and "uses a different tokenizer" in refused.stderr
     assert "Traceback" not in refused.stderr

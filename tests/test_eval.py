@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import needs_gpt2, run_script, write_corpus
+from conftest import needs_gpt2, run_inline, run_script, write_corpus
 from gpt import checkpoint
 from gpt.config import GPTConfig
 from gpt.data.config import DataConfig
@@ -116,7 +116,7 @@ def test_the_script_prints_a_table_and_writes_json_or_one_error_line(prepared, t
     assert "perplexity" in done.stdout and json.loads(out.read_text())["windows"] == 2
     bad = (tmp_path / "bad.jsonl")
     bad.write_text('{"activity_label": "a"}\n{oops\n')
-    failed = run_script("eval", f"ckpt={run_dir}", "task=hellaswag", f"hellaswag.path={bad}", "device=cpu")
+    failed = run_inline("eval", f"ckpt={run_dir}", "task=hellaswag", f"hellaswag.path={bad}", "device=cpu")
     assert failed.returncode == 2 and failed.stderr.startswith(f"error: {bad}:1: ctx_a is missing")
     assert "Traceback" not in failed.stderr
     assert np.isfinite(json.loads(out.read_text())["loss"])  # the earlier results are untouched

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import needs_gpt2, run_script
+from conftest import needs_gpt2, run_inline, run_script
 from gpt import GPT, GPTConfig, hf, hf_targets, pretrained
 from gpt.decoding import generate
 from gpt.errors import UserError
@@ -316,9 +316,9 @@ def test_export_script_refusals_are_one_line(tmp_path):
     checkpoint.save(checkpoint.model_entries(GPT(config).state_dict(), config, CHARS.to_meta()), run / "ckpt.pt")
     exported = run_script("export", f"ckpt={run}")  # a window: GPT-2 cannot hold it, remote code can
     assert exported.returncode == 0 and "remote code: modeling_gpt_attention.py" in exported.stdout, exported.stderr
-    again = run_script("export", f"ckpt={run}", "format=native")
+    again = run_inline("export", f"ckpt={run}", "format=native")
     assert again.returncode == 2 and "already holds an export" in again.stderr and "Traceback" not in again.stderr
     native = run_script("export", f"ckpt={run}", "format=native", "overwrite=true")
     assert native.returncode == 0 and not (run / "export" / "modeling_gpt_attention.py").exists(), native.stderr
-    bad = run_script("export", f"ckpt={run}", "format=onnx", "overwrite=true")
+    bad = run_inline("export", f"ckpt={run}", "format=onnx", "overwrite=true")
     assert bad.returncode == 2 and "format must be one of hf, native" in bad.stderr and "Traceback" not in bad.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import run_inline, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_train_a_tokenizer_then_use_it_everywhere(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "step 20: train loss" in resumed.stdout + resumed.stderr
     before = (run / "ckpt.pt").read_bytes()
-    other = run_script("train", *TINY, *data, "data.tokenizer=char", "train.max_iters=30", f"out_dir={run}",
+    other = run_inline("train", *TINY, *data, "data.tokenizer=char", "train.max_iters=30", f"out_dir={run}",
                        "resume=true")
     assert other.returncode == 2 and other.stderr.startswith("error: ") and "Traceback" not in other.stderr
     assert "with the 500-token BPE" in other.stderr and "with the char tokenizer" in other.stderr

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import run_script, save_char_model
+from conftest import run_inline, run_script, save_char_model
 from gpt import GPT, GPTConfig
 from gpt.attention.recording import record_attention
 from gpt.visualize import attention_maps
@@ -45,5 +45,5 @@ def test_visualize_script_writes_a_png(tmp_path):
     result = run_script("visualize_attention", f"ckpt={tmp_path}", "prompt=abc def", f"out={out}", "device=cpu")
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = run_script("visualize_attention", f"ckpt={tmp_path}", "prompt=abc", "layer=5", f"out={out}", "device=cpu")
+    bad = run_inline("visualize_attention", f"ckpt={tmp_path}", "prompt=abc", "layer=5", f"out={out}", "device=cpu")
     assert bad.returncode == 2 and "layer=5 is out of range" in bad.stderr and "Traceback" not in bad.stderr

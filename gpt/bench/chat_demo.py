@@ -23,7 +23,7 @@ from gpt.data.chat import add_token_rows, encode_conversation, with_chat_tokens
 from gpt.data.instructions import Item, split
 from gpt.decoding import generate_batch
 from gpt.device import DeviceConfig, resolve_device
-from gpt.errors import check_positive
+from gpt.errors import ConfigError, check_positive
 from gpt.files import atomic_write
 from gpt.model import GPT
 from gpt.pretrained import load_model, load_weights
@@ -44,11 +44,15 @@ class ChatDemoConfig(ScriptConfig):
     learning_rate: float = 1e-3  # full fine-tuning's
     lora_rank: int = 16
     lora_learning_rate: float = 3e-3
+    ways: list[str] = field(default_factory=lambda: ["full", "lora"])  # which fine-tunings to run, in this order
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def __post_init__(self) -> None:
         check_positive(self, "n_train", "n_heldout", "max_iters", "batch_size", "lora_rank")
+        if not self.ways or set(self.ways) - {"full", "lora"} or len(set(self.ways)) != len(self.ways):
+            raise ConfigError(f"ways must name full, lora or both, once each; got {list(self.ways)!r}",
+                              hint="ways=[full,lora], ways=[full] or ways=[lora]")
 
 
 def prompt_ids(tokenizer: tok.Tokenizer, item: Item) -> list[int]:
@@ -122,9 +126,8 @@ def run(cfg: ChatDemoConfig, log: Callable[[str], None] = print) -> dict[str, An
     model, tokenizer = base_with_chat_tokens(cfg, device)
     report: dict[str, Any] = {"config": asdict(cfg), "before": exact_match(model, tokenizer, heldout)}
     log(f"base model, exact match on {len(heldout)} held-out prompts: {report['before']}")
-    for lora in (False, True):
-        name = "lora" if lora else "full"
-        report[name] = fine_tune(cfg, out, lora, log)
+    for name in cfg.ways:
+        report[name] = fine_tune(cfg, out, name == "lora", log)
         tuned, tuned_tokenizer = load_model(report[name]["run"], device)
         report[name]["exact_match"] = exact_match(tuned.eval(), tuned_tokenizer, heldout)
         log(f"{name}: {report[name]}")
