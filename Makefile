@@ -1,8 +1,11 @@
 # make train: install what is missing, prepare the default data if needed, train model=small.
-# make test:  install the package with its test extra, run the whole test suite.
+# make test:  install the package with its test extra, run the whole test suite, in WORKERS processes (pytest-xdist,
+#             one test file per worker at a time, one thread each: tests/conftest.py); WORKERS=0 runs it in this one.
 # make test-fast: the same without the tests marked slow (those that start the scripts as processes).
 PYTHON ?= python3
 ARGS ?=
+WORKERS ?= 2
+PARALLEL = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
 .PHONY: train test test-fast install install-dev clean
 
@@ -10,10 +13,10 @@ train: install
 	$(PYTHON) scripts/train.py model=small $(ARGS)
 
 test: install-dev
-	$(PYTHON) -m pytest $(ARGS)
+	$(PYTHON) -m pytest $(PARALLEL) $(ARGS)
 
 test-fast: install-dev
-	$(PYTHON) -m pytest -m "not slow" $(ARGS)
+	$(PYTHON) -m pytest -m "not slow" $(PARALLEL) $(ARGS)
 
 # Install only when something is missing, so repeated runs cost nothing (and no network is needed).
 install:
@@ -22,7 +25,7 @@ install:
 
 install-dev:
 	@$(PYTHON) -c "import gpt, torch, numpy, tiktoken, hydra, tensorboard, tqdm, matplotlib, safetensors, tokenizers, \
-		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval, gguf, fastapi, uvicorn, jinja2, openai, selenium, peft" \
+		pytest, hypothesis, ruff, datasets, pyarrow, transformers, lm_eval, gguf, fastapi, uvicorn, jinja2, openai, selenium, peft, scipy, xdist" \
 		2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
 
 clean:

@@ -220,6 +220,40 @@ def test_the_memory_planner_is_within_15_percent_and_counts_the_cache(design):
     assert memory.kv_bytes_per_token(config, 4) == kv_bytes_per_token(GPT(config).eval(), "cpu")
 
 
+@pytest.mark.parametrize("design, settings", [p.values[:2] for p in FIRST_CASES], ids=[p.id for p in FIRST_CASES])
+def test_the_declared_flops_match_flop_counter_mode_on_the_manual_kernel_within_2_percent(design, settings):
+    """gpt.flops.per_token (each design's declared flops) against what torch counts in one training step's forward
+    and backward on the manual kernel, which forms every score."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gpt import flops
+
+    config = GPTConfig(**{**TINY, **settings, "attention": "manual"})
+    model, batch = GPT(config), 3
+    ids = torch.randint(0, config.vocab_size, (batch, config.block_size + 1))
+    with FlopCounterMode(display=False) as counter:
+        _, loss = model(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
+        loss.backward()
+    counted = counter.get_total_flops() / (batch * config.block_size)
+    assert flops.per_token(config) == pytest.approx(counted, rel=0.02), design
+    assert counted > flops.per_token(GPTConfig(**{**TINY, "attention": "manual", "n_layer": 1})), "counted nothing"
+
+
+def test_a_design_that_declares_no_flops_is_refused_by_the_count_in_one_line():
+    from gpt import flops
+
+    class Silent(registry.Design):
+        name = "silent_test_design"
+
+    registry.register(Silent())
+    try:
+        with pytest.raises(ConfigError, match="'silent_test_design' declares no FLOPs count") as caught:
+            flops.per_token(GPTConfig(**TINY, designs=["silent_test_design"]))
+        assert "flops(self, config, seq, flops)" in caught.value.hint
+    finally:
+        registry.unregister("silent_test_design")
+
+
 PAIRS = [pytest.param(a, b, id=f"{a}+{b}") for i, a in enumerate(DESIGNS) for b in DESIGNS[i + 1:]]
 
 

@@ -13,65 +13,83 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from gpt.config import GPTConfig, ModelConfig, ScriptConfig
+from gpt.bench.arena_plan import (  # noqa: F401  (presets, parse_variant, variant_name: the arena's public names)
+    QUICK_MODEL,
+    Cell,
+    budget,
+    parse_overrides,
+    parse_variant,
+    plan,
+    presets,
+    variant_name,
+)
+from gpt.config import ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
-from gpt.designs import registry as designs
 from gpt.device import DeviceConfig
-from gpt.errors import ConfigError, UserError, check_positive
+from gpt.errors import ConfigError, check_positive
 from gpt.files import output_path
 from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
-from gpt.validate import parse_yaml_value
 
-CORE_PRESETS: dict[str, dict[str, Any]] = {  # the core's own settings; each attention design brings its preset
-    "gpt2": {},  # learned positions, full multi-head attention: the baseline
-    "window": {"window": 16},  # a sliding window of 16 tokens: a KV cache that stops growing
-    "mqa": {"n_kv_head": 1},
-    "gqa": {"n_kv_head": 2},
-}
 MAP_TOKENS = 32  # tokens of the validation text whose attention maps are drawn side by side
-QUICK_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)  # arena.quick: seconds per variant
 
 
 @dataclass
 class ArenaSettings:
-    """The ``arena`` node: which variants, on what budget, and how much of the evaluation to run."""
+    """The ``arena`` node: which variants on which axes, how many seeds, on what budget, how much evaluation."""
 
     variants: list[str] = field(default_factory=lambda: ["gpt2", "rope", "alibi", "qk_norm", "softcap", "sink",
                                                                    "diff"])
+    seeds: int = 1  # each variant trains with seeds seed, seed + 1, ...: initialisation and data order follow it
+    baseline: Optional[str] = None  # the variant the others are tested against (None: the first of variants)
+    alpha: float = 0.05  # a difference is marked significant when its one-sided Welch p is below alpha
     tokens: int = 1_000_000  # training tokens per variant (max_iters = tokens / tokens per step, rounded up)
+    flops: Optional[float] = None  # or equal compute: each variant trains flops / (its FLOPs per token) tokens
     seconds: Optional[float] = None  # or equal time: each variant trains this long (tokens stays the cap)
+    recipes: list[str] = field(default_factory=list)  # every variant under each recipe (configs/recipe/); [] the
+    # composed recipe= alone. A recipe sets training and model options, never the attention design.
+    overrides: list[str] = field(default_factory=list)  # every variant under each set of model.*/train.* values
+    sizes: list[str] = field(default_factory=list)  # every variant at each model size (model.<field>=<value>+...)
     quick: bool = False  # a tiny model (QUICK_MODEL), at most 16k tokens, 4 short evaluations: a smoke test
     eval_tokens: Optional[int] = None  # score the first eval_tokens of the val split (None: all of it)
     curve_points: int = 8  # evaluations during training: the points of the loss-against-tokens plot
     decode_tokens: int = 128  # greedy tokens timed with the KV cache (batch 1)
     timeout_s: float = 3600.0  # a variant (training and evaluation) still running after this fails
-    recipes: list[str] = field(default_factory=list)  # every variant under each recipe (configs/recipe/); [] the
-    # composed recipe= alone. A recipe sets training and model options, never the attention design.
 
     def __post_init__(self) -> None:
-        check_positive(self, "tokens", "curve_points", "decode_tokens", "timeout_s", prefix="arena.")
-        check_positive(self, "eval_tokens", "seconds", optional=True, prefix="arena.")
+        check_positive(self, "seeds", "tokens", "curve_points", "decode_tokens", "timeout_s", prefix="arena.")
+        check_positive(self, "eval_tokens", "seconds", "flops", optional=True, prefix="arena.")
+        if not 0 < self.alpha < 0.5:
+            raise ConfigError(f"arena.alpha must be in (0, 0.5), got {self.alpha!r}", hint="e.g. arena.alpha=0.05")
+        if self.flops is not None and self.seconds is not None:
+            raise ConfigError("arena.flops and arena.seconds are two budgets: choose one",
+                              hint="equal compute: arena.flops=<F>; equal time: arena.seconds=<S>")
         if not self.variants:
             raise ConfigError("arena.variants is empty", hint="e.g. arena.variants=[gpt2,rope,alibi]")
         for spec in self.variants:
             parse_variant(spec)
-        names = [variant_name(s) for s in self.variants]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"arena.variants names a variant twice: {list(self.variants)}")
+        for spec in self.sizes:
+            parse_variant(spec, "arena.sizes")
+        for spec in self.overrides:
+            parse_overrides(spec)
         for name in self.recipes:
             recipe.settings(name)
-        if len(set(self.recipes)) != len(self.recipes):
-            raise ConfigError(f"arena.recipes names a recipe twice: {list(self.recipes)}")
+        for axis, what in (("variants", "a variant"), ("recipes", "a recipe"), ("overrides", "an override set"),
+                           ("sizes", "a size")):
+            names = [variant_name(s) for s in getattr(self, axis)]
+            if len(set(names)) != len(names):
+                raise ConfigError(f"arena.{axis} names {what} twice: {list(getattr(self, axis))}")
+        if self.baseline is not None and self.baseline not in [variant_name(s) for s in self.variants]:
+            raise ConfigError(f"arena.baseline={self.baseline} is not one of arena.variants",
+                              hint=f"one of: {', '.join(variant_name(s) for s in self.variants)}")
 
 
 @dataclass
@@ -89,79 +107,14 @@ class ArenaConfig(ScriptConfig):
 
     def __post_init__(self) -> None:
         output_path(self.out_dir, "out_dir", folder=True)
-        variant_runs(self)  # every variant's model and training config, validated before anything runs
-
-
-def presets() -> dict[str, dict[str, Any]]:
-    """Every preset: the core's, then one per registered design (its Design.preset), a user's design included."""
-    return {**CORE_PRESETS, **{name: designs.get(name).on_preset() for name in designs.available()}}
-
-
-def parse_variant(spec: str) -> dict[str, Any]:
-    """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+`` (the designs a
-    user brought, named by several parts, add up)."""
-    known, table = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"], presets()
-    overrides: dict[str, Any] = {}
-    for part in str(spec).split("+"):
-        part = part.strip()
-        if "=" in part:
-            key, value = part.split("=", 1)
-            name = key.strip().removeprefix("model.")
-            if name not in known:
-                raise ConfigError(f"arena.variants: {key!r} in {spec!r} is not a model field",
-                                  hint=f"model fields: {', '.join(known)}")
-            try:
-                overrides[name] = parse_yaml_value(value.strip(), f"arena.variants: {key.strip()}")
-            except UserError as err:
-                raise ConfigError(f"{err} in {spec!r}", hint=err.hint) from None
-        elif part in table:
-            named = overrides.get("designs", []) + table[part].get("designs", [])
-            overrides.update(table[part])
-            if named:
-                overrides["designs"] = named
-        else:
-            raise ConfigError(f"arena.variants: unknown preset {part!r} in {spec!r}",
-                              hint=f"presets: {', '.join(table)}; or model.<field>=<value>, joined by +")
-    return overrides
-
-
-def variant_name(spec: str) -> str:
-    """A folder name for a variant: its spec with anything but letters, digits, '-', '_', '.', '=' as '_'."""
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", str(spec).replace("model.", "")).strip("_") or "variant"
+        if not 0 <= self.seed <= 2**31 - self.arena.seeds:
+            raise ConfigError(f"seed must be in [0, 2**31 - arena.seeds], got {self.seed}")
+        plan(self)  # every run's model and training config, validated before anything runs
 
 
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
-    """(name, RunConfig) per variant: the base model with the variant's overrides, the budget as optimizer steps."""
-    base = {f.name: getattr(cfg.model, f.name) for f in fields(ModelConfig)}
-    if cfg.arena.quick:
-        base.update(QUICK_MODEL)
-    runs = []
-    for spec, recipe_name in [(s, r) for s in cfg.arena.variants for r in cfg.arena.recipes or [None]]:
-        overrides = parse_variant(spec)
-        if "attention" in overrides:
-            overrides.setdefault("attention_backend", None)  # a backend belongs to the base kernel
-        fields_, train = {**base, **overrides}, cfg.train
-        if recipe_name is not None:  # the recipe's training and model options; the variant's design stays
-            fields_, train = recipe.apply(recipe_name, fields_, train)
-        try:  # ModelConfig validates: a kernel that cannot compute the variant is refused, naming the option
-            model = ModelConfig(**fields_)
-        except ConfigError as err:
-            raise ConfigError(f"arena variant {spec!r}: {err}", hint=err.hint) from None
-        steps = math.ceil(budget(cfg) / (train.batch_size * train.grad_accum * model.block_size))
-        points = min(cfg.arena.curve_points, 4) if cfg.arena.quick else cfg.arena.curve_points
-        train = replace(train, max_iters=steps, eval_interval=max(1, steps // points),
-                        warmup_iters=min(train.warmup_iters, steps // 10), lr_decay_iters=None,
-                        max_seconds=cfg.arena.seconds,
-                        eval_iters=min(train.eval_iters, 2) if cfg.arena.quick else train.eval_iters)
-        name = variant_name(spec) + (f"@{recipe_name}" if recipe_name else "")
-        runs.append((name, RunConfig(model=model, data=cfg.data, device=cfg.device, train=train,
-                                     precision=cfg.precision, seed=cfg.seed, out_dir=str(Path(cfg.out_dir) / name))))
-    return runs
-
-
-def budget(cfg: ArenaConfig) -> int:
-    """Training tokens per variant (arena.quick caps them at 16k)."""
-    return min(cfg.arena.tokens, 16_384) if cfg.arena.quick else cfg.arena.tokens
+    """(group/seed<seed>, RunConfig) of every cell of the plan (gpt.bench.arena_plan.plan has the details)."""
+    return [(f"{c.group}/seed{c.seed}", c.run) for c in plan(cfg)]
 
 
 def eval_tokens(cfg: ArenaConfig) -> int | None:
@@ -171,15 +124,23 @@ def eval_tokens(cfg: ArenaConfig) -> int | None:
 
 def loss_curve(run_dir: Path, tokens_per_step: int, started: float) -> list[dict[str, float]]:
     """(tokens, seconds, train, val) at each evaluation, read back from the run's TensorBoard scalars (the Trainer
-    writes val/loss and train/eval_loss there at every evaluation; seconds count from ``started``, a time.time())."""
+    writes val/loss and train/eval_loss there at every evaluation; seconds count from ``started``, a time.time()).
+    A resumed run's evaluations from before the resume count from its first one, and those after it continue
+    from there (the time between its last evaluation and the interruption is not counted)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.WARNING)  # not its "No path found after <events file>"
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)  # resumed
     events.Reload()
     train = {e.step: e.value for e in events.Scalars("train/eval_loss")}
-    return [{"tokens": e.step * tokens_per_step, "seconds": e.wall_time - started, "train": train.get(e.step, math.nan),
-             "val": e.value} for e in events.Scalars("val/loss")]
+    every = events.Scalars("val/loss")
+    val = {e.step: e for e in every}  # a step evaluated twice (at a resume): the later one
+    earlier = [e.wall_time for e in every if e.wall_time < started]
+    offset = (max(earlier) - min(earlier)) if earlier else 0.0
+    seconds = {step: e.wall_time - min(earlier) if e.wall_time < started else offset + e.wall_time - started
+               for step, e in val.items()}
+    return [{"tokens": step * tokens_per_step, "seconds": seconds[step], "train": train.get(step, math.nan),
+             "val": val[step].value} for step in sorted(val)]
 
 
 def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
@@ -220,7 +181,8 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     from gpt.train.trainer import train
 
     started = time.time()
-    summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py")
+    summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py",
+                    resume_hint="the same scripts/arena.py command again (it resumes the runs it did not finish)")
     if summary.interrupted:  # a stop signal (Ctrl-C): the arena stops too, with the rows it has
         return {"error": f"interrupted at step {summary.step} (checkpoint saved)", "stop": True}
     device = resolve_device(run.device.type)
@@ -251,45 +213,89 @@ def last_layer_map(model: torch.nn.Module, ids: list[int], device: torch.device)
 
 
 def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every variant in turn, each in a process of its own on a CPU; the leaderboard rows, best bits per byte first.
-
-    The tables and the plot go to out_dir (gpt.bench.arena_report).
+    """Every cell of the plan, each in a process of its own on a CPU (one per GPU, in parallel, on several); the
+    per-seed rows in plan order. Finished cells of an earlier, interrupted run of the same command are read back,
+    an unfinished one resumes from its checkpoint. The tables and the plots go to out_dir (gpt.bench.arena_report).
     """
-    from gpt import checkpoint
+    from gpt.bench import arena_runs
     from gpt.bench.arena_report import make_out_dir, write_reports
-    from gpt.bench.isolate import run_here, run_isolated
+    from gpt.data.loader import TokenData
     from gpt.data.prepare import prepare
+    from gpt.train.signals import SignalGuard
+
+    make_out_dir(Path(cfg.out_dir))  # a read-only or full disk is one error now, not after every variant failed
+    vocab = TokenData(prepare(cfg.data, log=log)).tokenizer.vocab_size  # once, before any variant: they all read it
+    cells = plan(cfg, vocab)  # the FLOPs budget counts the head over the data's vocabulary
+    for cell in cells:  # before anything trains: a folder of another configuration is refused
+        arena_runs.check_folder(Path(cell.run.out_dir), cell.run)
+    rows: dict[int, dict[str, Any]] = {}
+    todo = []
+    for i, cell in enumerate(cells):
+        kept = arena_runs.finished(Path(cell.run.out_dir))
+        if kept is None:
+            todo.append(i)
+        else:
+            rows[i] = cell_row(cell, kept)
+    if len(todo) < len(cells):
+        log(f"{len(cells) - len(todo)} of {len(cells)} runs finished already in {cfg.out_dir}: read back, not rerun")
+
+    def done(i: int, result: dict[str, Any]) -> bool:
+        rows[i] = cell_row(cells[i], result)
+        log(f"    {cells[i].group} seed {cells[i].seed}: {describe(rows[i])}")
+        if "error" not in result:
+            arena_runs.save(Path(cells[i].run.out_dir), result)
+        return bool(signals.received) or (bool(result.get("stop")) and "interrupted" in result.get("error", ""))
+
+    with SignalGuard(verbose=False) as signals:  # Ctrl-C: the running cell saves its checkpoint; no new cell starts
+        arena_runs.run_all(todo, devices(cfg), lambda i, device: run_cell(cfg, cells[i], device, log), done)
+    finished = sum("error" not in row for row in rows.values())
+    if signals.received or len(rows) < len(cells):
+        log(f"stopped: {finished} of {len(cells)} runs finished; run the same command again to resume")
+    ordered = [rows[i] for i in sorted(rows)]
+    write_reports(Path(cfg.out_dir), header(cfg, ordered), ordered, cfg.arena, log)
+    return ordered
+
+
+def cell_row(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
+    """A per-seed row: the cell's place in the grid, its FLOPs, and what its run measured (or its error)."""
+    row = {"group": cell.group, "variant": cell.variant, "slice": cell.slice, "size": cell.size, "seed": cell.seed,
+           "spec": cell.spec, "flops_per_token": cell.flops_per_token, **result}
+    if cell.flops_per_token is not None and "tokens" in result:
+        row["train_flops"] = cell.flops_per_token * result["tokens"]
+    return row
+
+
+def run_cell(cfg: ArenaConfig, cell: Cell, device: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train and measure one cell on ``device``: in a process of its own on a CPU or beside other GPUs' runs, in
+    this one on a single GPU (where the allocator's peak is reset per run)."""
+    from gpt.bench import arena_runs
+    from gpt.bench.isolate import run_here, run_isolated
+
+    run = cell.run
+    log(f"[{cell.group} seed {cell.seed}] {run.train.max_iters} steps of "
+        f"{run.train.batch_size * run.train.grad_accum * run.model.block_size} tokens on {device}, "
+        f"attention={run.model.attention}, optimizer {run.train.optimizer}, schedule {run.train.schedule}")
+    arena_runs.start(Path(run.out_dir), run)
+    run = replace(run, resume=True, device=DeviceConfig(device))  # resume: continue a checkpoint, if any, else start
+    kwargs = dict(run=run, eval_n=eval_tokens(cfg), decode_tokens=cfg.arena.decode_tokens)
+    if device == "cpu" or len(devices(cfg)) > 1:
+        return run_isolated(run_variant, kwargs, cfg.arena.timeout_s)
+    return run_here(run_variant, kwargs)
+
+
+def devices(cfg: ArenaConfig) -> list[str]:
+    """Where the cells run: every GPU when device is cuda (or auto) and there are several, one cell per GPU at a
+    time; else the one device."""
     from gpt.device import resolve_device
 
-    runs = variant_runs(cfg)
-    specs = [spec for spec in cfg.arena.variants for _ in cfg.arena.recipes or [None]]  # in variant_runs' order
-    for _, variant in runs:
-        if (Path(variant.out_dir) / checkpoint.LATEST).exists():
-            raise ConfigError(f"{variant.out_dir} already holds a run: the arena trains every variant from scratch",
-                              hint="choose another out_dir (or remove that folder)")
-    make_out_dir(Path(cfg.out_dir))  # a read-only or full disk is one error now, not after every variant failed
-    prepare(cfg.data, log=log)  # once, before any variant: they all read it
     device = resolve_device(cfg.device.type)
-    rows = []
-    for i, (name, variant) in enumerate(runs, 1):
-        log(f"[{i}/{len(runs)}] {name}: {variant.train.max_iters} steps of "
-            f"{variant.train.batch_size * variant.train.grad_accum * variant.model.block_size} tokens, "
-            f"attention={variant.model.attention}, optimizer {variant.train.optimizer}, "
-            f"schedule {variant.train.schedule}")
-        kwargs = dict(run=variant, eval_n=eval_tokens(cfg), decode_tokens=cfg.arena.decode_tokens)
-        result = (run_isolated(run_variant, kwargs, cfg.arena.timeout_s) if device.type == "cpu"
-                  else run_here(run_variant, kwargs))
-        rows.append({"variant": name, "spec": specs[i - 1], **result})
-        log(f"    {describe(rows[-1])}")
-        if result.get("stop") and "interrupted" in result.get("error", ""):
-            break
-    rows.sort(key=lambda r: r.get("val_bpb", math.inf))
-    write_reports(Path(cfg.out_dir), header(cfg, rows), rows, log)
-    return rows
+    if device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [str(device)]
 
 
 def describe(row: dict[str, Any]) -> str:
-    """One console line for a finished variant (or its error)."""
+    """One console line for a finished run (or its error)."""
     if "error" in row:
         return f"failed: {row['error']}"
     return (f"val loss {row['val_loss']:.4f}, {row['val_bpb']:.4f} bits/byte, {row['tokens_per_s']:,.0f} tok/s, "
@@ -297,25 +303,39 @@ def describe(row: dict[str, Any]) -> str:
 
 
 def header(cfg: ArenaConfig, rows: list[dict[str, Any]]) -> str:
-    """What every variant shared: model, data, budget, seed, batch."""
+    """What every variant shared: model, data, budget, seeds, batch, and the test."""
     model = {**{k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "n_embd", "block_size")},
              **(QUICK_MODEL if cfg.arena.quick else {})}
     scored = next((r["val_tokens"] for r in rows if "val_tokens" in r), None)
+    seeds = cfg.arena.seeds
     return (f"Base model: {model['n_layer']} layers, {model['n_head']} heads, {model['n_embd']} wide, context "
-            f"{model['block_size']}; data {cfg.data.name}; seed {cfg.seed}; batch {cfg.train.batch_size} x "
-            f"{cfg.train.grad_accum}; {recipes_text(cfg)}; budget {budget_text(cfg)} per variant; held-out: "
+            f"{model['block_size']}" + (f" (sizes: {', '.join(cfg.arena.sizes)})" if cfg.arena.sizes else "")
+            + f"; data {cfg.data.name}; "
+            + (f"{seeds} seeds ({cfg.seed} to {cfg.seed + seeds - 1})" if seeds > 1 else f"seed {cfg.seed}")
+            + f"; batch {cfg.train.batch_size} x {cfg.train.grad_accum}; {recipes_text(cfg)}; budget "
+            f"{budget_text(cfg)} per variant; held-out: "
             + (f"{scored:,} val tokens scored" if scored else f"first {eval_tokens(cfg) or 'all'} val tokens")
-            + " (full pass, every target once).")
+            + " (full pass, every target once)."
+            + (f" p: Welch's one-sided t-test of each variant's bits per byte against {baseline_name(cfg)}'s over "
+               f"the seeds (lower is better); better or worse at alpha = {cfg.arena.alpha:g}, else n.s."
+               if seeds > 1 else ""))
+
+
+def baseline_name(cfg: ArenaConfig) -> str:
+    return cfg.arena.baseline or variant_name(cfg.arena.variants[0])
 
 
 def recipes_text(cfg: ArenaConfig) -> str:
     """The training the variants shared: each recipe of the axis, or the composed optimizer and schedule."""
-    if cfg.arena.recipes:
-        return f"each under recipe {' and '.join(cfg.arena.recipes)} (variant@recipe)"
-    return f"optimizer {cfg.train.optimizer}, schedule {cfg.train.schedule}"
+    text = (f"each under recipe {' and '.join(cfg.arena.recipes)} (variant@recipe)" if cfg.arena.recipes
+            else f"optimizer {cfg.train.optimizer}, schedule {cfg.train.schedule}")
+    return text + (f"; each under {' and '.join(cfg.arena.overrides)}" if cfg.arena.overrides else "")
 
 
 def budget_text(cfg: ArenaConfig) -> str:
+    if cfg.arena.flops is not None:
+        return (f"{cfg.arena.flops:.3g} training FLOPs" + (" at the first size (scaled as the baseline's FLOPs per "
+                                                           "token at the others)" if cfg.arena.sizes else ""))
     if cfg.arena.seconds is None:
         return f"{budget(cfg):,} training tokens"
     return f"{cfg.arena.seconds:g} s of training (at most {budget(cfg):,} tokens)"

@@ -48,6 +48,10 @@ class Alibi(Design):
              "with every score part": {"pos_embedding": "alibi", "qk_norm": True, "attn_softcap": 3.0,
                                        "attn_sink": True, "n_kv_head": 2}}
 
+    def flops(self, config, seq, flops) -> int:
+        """A bias added to the scores is elementwise: the layer's count unchanged."""
+        return flops
+
     def context(self, ctx, config) -> None:
         keys = ctx.index if ctx.cache is None else ctx.cache.key_index(ctx)  # (Tk,) the keys' indices, in order
         ctx.extras["alibi"] = alibi_bias(config.n_head, ctx.index, keys)  # distances in the sequence

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from gpt.designs import reference
 from gpt.designs.registry import Design, check_bool, modeling_file, register
 from gpt.errors import ConfigError
+from gpt.flops import TRAIN, matmul
 from gpt.model import CausalSelfAttention
 
 
@@ -72,6 +73,11 @@ class Diff(Design):
              "mqa+rope+qk_norm": {"diff_attn": True, "n_kv_head": 1, "pos_embedding": "rope", "qk_norm": True},
              "alibi+softcap+sink": {"diff_attn": True, "pos_embedding": "alibi", "attn_softcap": 3.0,
                                     "attn_sink": True}}
+
+    def flops(self, config, seq, flops) -> int:
+        """Two kernel calls: q k^T from the halves (together the width of one), weights @ v twice at full width,
+        so one more weights @ v than the core (lambda and the RMS norm are elementwise)."""
+        return flops + TRAIN * config.n_head * matmul(seq, config.head_dim)
 
     def check(self, config) -> None:
         check_bool(config, "diff_attn")

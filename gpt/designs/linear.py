@@ -18,6 +18,7 @@ from torch import Tensor
 from gpt.designs import reference
 from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
+from gpt.flops import matmul
 from gpt.model import CausalSelfAttention
 
 FEATURE_MAPS = {"elu1": "phi(x) = elu(x) + 1 (Katharopoulos et al. 2020): positive weights"}
@@ -128,6 +129,11 @@ class Linear(Design):
     }
     cases = {"alone": {"linear_attn": "elu1"}, "gqa+qk_norm": {"linear_attn": "elu1", "n_kv_head": 2, "qk_norm": True},
              "mqa": {"linear_attn": "elu1", "n_kv_head": 1}}
+
+    def flops(self, config, seq, flops) -> int:
+        """phi(Q) phi(K)^T and weights @ v over the chunk, as the core's products; plus the state phi(K)^T V after it,
+        which training computes and never differentiates (the loss does not read it): forward only."""
+        return flops + matmul(config.head_dim, config.n_kv_head * config.head_dim)
 
     def check(self, config) -> None:
         feature = config.linear_attn

@@ -18,6 +18,7 @@ from gpt.designs import reference
 from gpt.designs.registry import Design, modeling_file, register
 from gpt.designs.rope import angles_for, apply_rope, rotate
 from gpt.errors import ConfigError
+from gpt.flops import TRAIN, matmul
 from gpt.kv_cache import keep
 from gpt.model import CausalSelfAttention
 
@@ -104,6 +105,14 @@ class Latent(Design):
     cases = {"alone": {"mla_latent": 12}, "window+wide_rope": {"mla_latent": 12, "window": 4, "mla_rope_dim": 6},
              "softcap+sink": {"mla_latent": 12, "attn_softcap": 3.0, "attn_sink": True},
              "no_bias+wide_latent": {"mla_latent": 80, "bias": False, "mla_rope_dim": 2}}
+
+    def flops(self, config, seq, flops) -> int:
+        """Its own layer: q^C, q^R, the latent, k^C and v up from it, the shared k^R, c_proj; scores over q's width
+        head_dim + d_R, values over head_dim (replaces the count before it)."""
+        C, H, D, d_c, d_r = config.n_embd, config.n_head, config.head_dim, config.mla_latent, config.mla_rope_dim
+        projections = (matmul(C, H * D) + matmul(C, H * d_r) + matmul(C, d_c) + 2 * matmul(d_c, H * D)
+                       + matmul(C, d_r) + matmul(C, C))
+        return TRAIN * (projections + H * matmul(seq, D + d_r) + H * matmul(seq, D))
 
     def check(self, config) -> None:
         """Its widths (d_R defaults to the paper's head_dim / 2, kept even), and one key/value head per head."""

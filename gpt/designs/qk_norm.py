@@ -17,6 +17,10 @@ class QKNorm(Design):
     switch = "qk_norm"
     cases = {"alone": {"qk_norm": True}, "gqa+window": {"qk_norm": True, "n_kv_head": 2, "window": 5}}
 
+    def flops(self, config, seq, flops) -> int:
+        """RMS norms and gains are elementwise: no matrix product, the layer's count unchanged."""
+        return flops
+
     def check(self, config) -> None:
         check_bool(config, "qk_norm")
 

@@ -103,6 +103,12 @@ class Design:
         """Kernel keywords modifying the scores (its kernel_options: softcap, bias, sink)."""
         return {}
 
+    def flops(self, config: GPTConfig, seq: int, flops: int) -> int | None:
+        """Training FLOPs per token (forward and backward) of one attention layer with this design on, given
+        ``flops``, the layer's count before it, for ``seq``-token sequences: matrix products only, attention dense
+        (gpt.flops). None: not declared, and arena.flops refuses the design, saying so."""
+        return None
+
     def activations(self, config: GPTConfig, batch: int, seq: int, act: int, fused: bool) -> int:
         """Bytes one block keeps for the backward beyond the core's, for gpt.memory: ``act``-byte floats, ``fused``
         when the kernel never holds the T x T scores (sdpa, flex)."""

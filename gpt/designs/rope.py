@@ -61,6 +61,10 @@ class Rope(Design):
     cases = {"alone": {"pos_embedding": "rope"}, "gqa+window": {"pos_embedding": "rope", "n_kv_head": 2, "window": 5},
              "mqa+qk_norm": {"pos_embedding": "rope", "n_kv_head": 1, "qk_norm": True}}
 
+    def flops(self, config, seq, flops) -> int:
+        """Rotations are elementwise (the angles an outer product done once per forward, not per token): unchanged."""
+        return flops
+
     def check(self, config) -> None:
         if self.enabled(config) and config.head_dim % 2 != 0:
             raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {config.head_dim}")

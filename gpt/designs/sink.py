@@ -19,6 +19,10 @@ class Sink(Design):
     preset = {"attn_sink": True, "attention": "manual"}
     cases = {"alone": {"attn_sink": True}}
 
+    def flops(self, config, seq, flops) -> int:
+        """One more logit per softmax row, which carries no value: no matrix product, the count unchanged."""
+        return flops
+
     def check(self, config) -> None:
         check_bool(config, "attn_sink")
 

@@ -20,6 +20,10 @@ class SoftCap(Design):
     preset = {"attn_softcap": 15.0, "attention": "manual"}  # a kernel that forms the scores
     cases = {"alone": {"attn_softcap": 2.0}}  # small, so the cap bends the scores
 
+    def flops(self, config, seq, flops) -> int:
+        """c tanh(s / c) is elementwise: the layer's count unchanged."""
+        return flops
+
     def check(self, config) -> None:
         cap = config.attn_softcap
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):

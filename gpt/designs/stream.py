@@ -71,6 +71,10 @@ class Stream(Design):
     cases = {"alone": {"window": 5, "sink_tokens": 2}, "gqa+rope": {"window": 4, "sink_tokens": 1, "n_kv_head": 2,
                                                                     "pos_embedding": "rope"}}
 
+    def flops(self, config, seq, flops) -> int:
+        """A mask (the window plus the first tokens): attention is counted dense anyway, the count unchanged."""
+        return flops
+
     def check(self, config) -> None:
         n = config.sink_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:

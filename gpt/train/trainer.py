@@ -32,8 +32,9 @@ from gpt.train.state import Checkpointer
 
 
 def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, overrides: list[str] | None = None,
-          script: str = "scripts/train.py") -> Summary:
-    """Train the model a RunConfig describes, writing everything into run_dir.
+          script: str = "scripts/train.py", resume_hint: str | None = None) -> Summary:
+    """Train the model a RunConfig describes, writing everything into run_dir; an interrupted run tells how to
+    resume it (``resume_hint``, or ``script`` with this launch's overrides, out_dir and resume=true).
 
     Under torchrun, every rank calls this; rank 0's run_dir is used by all and only rank 0 writes.
     """
@@ -45,7 +46,7 @@ def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, ove
     lock = checkpoint.FolderLock(run_dir, "another training run")  # taken by rank 0 once the checks pass
     try:
         trainer = Trainer(run, run_dir, ranks, device, precision, lock, log if ranks.is_main else (lambda m: None))
-        return trainer.train(overrides or [], script)
+        return trainer.train(overrides or [], script, resume_hint)
     except AbortRun:
         if ranks.is_main:
             raise
@@ -141,7 +142,7 @@ class Trainer:
         """Rank 0's result of ``fn``, on every rank; a UserError there stops every rank."""
         return distributed.on_main(fn, self.ranks)
 
-    def train(self, overrides: list[str], script: str) -> Summary:
+    def train(self, overrides: list[str], script: str, resume_hint: str | None = None) -> Summary:
         """Evaluate when due and step until max_iters or a stop signal; then the summary and a sample."""
         self.records.open(self.run_record, overrides, self.resumed, self.state.step, self.train_config.max_iters)
         self.records.log(self.describe())
@@ -165,7 +166,7 @@ class Trainer:
             raise
         if self.train_config.keep_checkpoints and self.train_config.schedule == "wsd":
             self.say_decay_command(overrides, script)
-        return self.finish(interrupted_by, overrides, resume_command(overrides, self.run_dir, script))
+        return self.finish(interrupted_by, overrides, resume_hint or resume_command(overrides, self.run_dir, script))
 
     def say_decay_command(self, overrides: list[str], script: str) -> None:
         """How to finish a model from a kept checkpoint of this WSD run's stable phase (the latest one)."""
@@ -215,9 +216,10 @@ class Trainer:
         val = val_metrics(losses["val"], self.data.meta["splits"]["val"])
         self.records.scalars(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
                                     "val/ppl": val["ppl"], "val/bpb": val["bpb"]})
-        if not train.fsdp:  # samples run on rank 0 alone; a sharded model needs every rank
+        if not train.fsdp and (train.sample_tokens or train.pictures):  # rank 0 alone; a sharded model needs all
             self.records.pictures(lambda writer: visuals.log_samples(
-                writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step))
+                writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step,
+                pictures=train.pictures))
         self.checkpointer.save(state, best=improved, keep=train.keep_checkpoints)
         bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "

@@ -44,8 +44,9 @@ def sample_text(model: GPT, data: TokenData, prompt: str | list[int], n: int, se
     return data.tokenizer.decode(out[0].tolist())
 
 
-def log_samples(writer, model: GPT, data: TokenData, n_tokens: int, seed: int, device, ctx, step: int) -> None:
-    """Text samples from fixed prompts and one layer's attention maps, for TensorBoard (rank 0)."""
+def log_samples(writer, model: GPT, data: TokenData, n_tokens: int, seed: int, device, ctx, step: int,
+                pictures: bool = True) -> None:
+    """Text samples from fixed prompts and (``pictures``) one layer's attention maps, for TensorBoard (rank 0)."""
     val = data.splits["val"]
     head = [int(t) for t in val[: min(len(val), model.config.block_size, 24)]]
     was_training = model.training
@@ -55,6 +56,8 @@ def log_samples(writer, model: GPT, data: TokenData, n_tokens: int, seed: int, d
             for i, prompt in enumerate(("", head[:8])):
                 text = sample_text(model, data, prompt, min(n_tokens, 200), seed, device, ctx)
                 writer.add_text(f"samples/prompt{i}", "```\n" + text + "\n```", step)
+        if not pictures:
+            return
         layer = model.config.n_layer // 2
         maps = attention_maps(model, torch.tensor([head], device=device))
         picture = attention_picture(maps[layer], token_labels(data.tokenizer, head), f"layer {layer}, step {step}")
