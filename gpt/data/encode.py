@@ -15,7 +15,6 @@ from collections.abc import Iterable, Iterator
 from itertools import chain
 
 import numpy as np
-import tiktoken
 
 from gpt import tokenizer as tok
 from gpt.errors import UserError
@@ -97,10 +96,12 @@ class GPT2Encoder:
         self.eot = np.array([tokenizer.eot_token], dtype=np.uint32)
         self.local = threading.local()
 
-    def thread_encoding(self) -> tiktoken.Encoding:
+    def thread_encoding(self) -> tiktoken.Encoding:  # noqa: F821 (imported here: character runs never need it)
         """This thread's copy of the encoding (built on first use, in about 0.05 s)."""
         encoding = getattr(self.local, "encoding", None)
         if encoding is None:
+            import tiktoken
+
             base = self.encoding
             encoding = self.local.encoding = tiktoken.Encoding(
                 name=base.name, pat_str=base._pat_str, mergeable_ranks=base._mergeable_ranks,

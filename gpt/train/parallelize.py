@@ -16,13 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
@@ -30,6 +23,14 @@ from torch.utils.checkpoint import checkpoint
 from gpt.model import GPT
 from gpt.train.config import TrainConfig
 from gpt.train.distributed import AbortRun, Ranks
+
+
+def _dcp_state_dict():
+    """torch.distributed.checkpoint.state_dict, imported where a sharded model needs it: a single-process run
+    never does, and the import costs it about 0.2 s and 4 MiB of resident memory (docs/benchmarks.md)."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
 
 
 def _checkpointed(forward: Callable[..., torch.Tensor], block: nn.Module) -> Callable[..., torch.Tensor]:
@@ -127,7 +128,8 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     only rank 0 receives the tensors), the usual one otherwise."""
     if not is_sharded(model):
         return model.state_dict()
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sd = _dcp_state_dict()
+    return sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -136,8 +138,9 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
         return optimizer.state_dict()
     if not optimizer.state:  # before the first step: get_optimizer_state_dict would take a step of zeros to make one
         return {"state": {}, "param_groups": named_param_groups(model, optimizer)}
-    return get_optimizer_state_dict(model, optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sd = _dcp_state_dict()
+    return sd.get_optimizer_state_dict(model, optimizer,
+                                       options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -152,9 +155,10 @@ def sharded_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     (``model.<name>``, ``optim.state.<name>.<key>``); no optimizer entries before its first step."""
     from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX
 
-    tensors = {MODEL_PREFIX + name: t for name, t in get_model_state_dict(model).items()}
+    sd = _dcp_state_dict()
+    tensors = {MODEL_PREFIX + name: t for name, t in sd.get_model_state_dict(model).items()}
     if optimizer.state:
-        for name, state in get_optimizer_state_dict(model, optimizer)["state"].items():
+        for name, state in sd.get_optimizer_state_dict(model, optimizer)["state"].items():
             tensors.update({f"{OPTIM_PREFIX}{name}.{key}": t for key, t in state.items()})
     return tensors
 
@@ -165,17 +169,18 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
     or without FSDP: DCP reshards). An optimizer saved before its first step keeps its fresh state."""
     from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, dcp_load, tensor_shapes, unflatten
 
+    sd = _dcp_state_dict()
     with_optimizer = bool(tensor_shapes(Path(folder), OPTIM_PREFIX))
     if with_optimizer and not optimizer.state:
-        get_optimizer_state_dict(model, optimizer)  # creates the state tensors (a zero step) that DCP fills in
+        sd.get_optimizer_state_dict(model, optimizer)  # creates the state tensors (a zero step) that DCP fills in
     tensors = sharded_tensors(model, optimizer)
     if not with_optimizer:
         tensors = {k: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
     dcp_load(tensors, Path(folder))
     model_state, optimizer_state = unflatten(tensors)
-    set_model_state_dict(model, model_state)
+    sd.set_model_state_dict(model, model_state)
     if with_optimizer:
-        set_optimizer_state_dict(model, optimizer, {"state": optimizer_state, "param_groups": param_groups})
+        sd.set_optimizer_state_dict(model, optimizer, {"state": optimizer_state, "param_groups": param_groups})
 
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -183,7 +188,8 @@ def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     if not is_sharded(model):
         model.load_state_dict(state)
         return
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    sd = _dcp_state_dict()
+    sd.set_model_state_dict(model, state, options=sd.StateDictOptions(full_state_dict=True))
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -196,7 +202,8 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
         return
     if not by_name:
         state = _keyed_by_name(model, optimizer, state)
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    sd = _dcp_state_dict()
+    sd.set_optimizer_state_dict(model, optimizer, state, options=sd.StateDictOptions(full_state_dict=True))
 
 
 def _keyed_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:

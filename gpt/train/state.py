@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from gpt import checkpoint, lora
@@ -165,6 +164,8 @@ class Checkpointer:
     def _save_sharded(self, state: TrainState, rngs: list[dict[str, Any]]) -> None:
         """DCP writes every rank's shards into a fresh step folder; rank 0 adds meta.pt, commits the folder and
         removes a ckpt.pt it supersedes."""
+        import torch.distributed.checkpoint as dcp  # here: a single-process run never needs it
+
         folder = sharded.step_folder(self.run_dir, state.step)
         self._main_writes(lambda: _fresh_folder(folder))  # a save of this step cut short may have left one
         try:
