@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# A shell starts a background job (`make test &`) with Ctrl-C ignored, and every process a test starts would inherit
+# that: the tests that press Ctrl-C need it delivered.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: one thread per worker and per process it starts
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
