@@ -133,8 +133,8 @@ def tensor_data(gguf, name: str, value: Tensor, kind: str) -> tuple[np.ndarray, 
     return array.astype(np.float16), gguf.GGMLQuantizationType.F16
 
 
-def empty_arrays_allowed(gguf) -> Any:
-    """gguf with a writer that can write an empty array (GGUF has them; gguf-py's writer refuses them): a character
+def writer_class(gguf) -> Any:
+    """gguf's writer, able to write an empty array (GGUF has them; gguf-py's writer refuses them): a character
     vocabulary written as a "gpt2" BPE has no merges, and llama.cpp needs its merges key all the same."""
     class Writer(gguf.GGUFWriter):
         def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
@@ -143,7 +143,7 @@ def empty_arrays_allowed(gguf) -> Any:
             prefix = self._pack("I", vtype) if add_vtype else b""
             return prefix + self._pack("I", sub_type or gguf.GGUFValueType.STRING) + self._pack("Q", 0)
 
-    return type("gguf_with_empty_arrays", (), {"GGUFWriter": Writer})
+    return Writer
 
 
 def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out: Path, kind: str,
@@ -160,7 +160,7 @@ def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any]
         raise UserError(f"{path} already exists", hint="pass overwrite=true to replace it, or pick another out=")
 
     def write_file(f: BinaryIO) -> None:
-        writer = empty_arrays_allowed(gguf).GGUFWriter(f.name, arch)
+        writer = writer_class(gguf)(f.name, arch)
         writer.add_name(out.name)
         writer.add_block_count(config.n_layer)
         writer.add_context_length(config.block_size)
