@@ -43,13 +43,14 @@ class ChatDemoConfig(ScriptConfig):
     batch_size: int = 32
     learning_rate: float = 1e-3  # full fine-tuning's
     lora_rank: int = 16
+    lora_alpha: float = 16.0  # LoRA's scale is lora_alpha / lora_rank
     lora_learning_rate: float = 3e-3
     ways: list[str] = field(default_factory=lambda: ["full", "lora"])  # which fine-tunings to run, in this order
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def __post_init__(self) -> None:
-        check_positive(self, "n_train", "n_heldout", "max_iters", "batch_size", "lora_rank")
+        check_positive(self, "n_train", "n_heldout", "max_iters", "batch_size", "lora_rank", "lora_alpha")
         if not self.ways or set(self.ways) - {"full", "lora"} or len(set(self.ways)) != len(self.ways):
             raise ConfigError(f"ways must name full, lora or both, once each; got {list(self.ways)!r}",
                               hint="ways=[full,lora], ways=[full] or ways=[lora]")
@@ -103,9 +104,12 @@ def fine_tune(cfg: ChatDemoConfig, out: Path, lora: bool, log: Callable[[str], N
                           learning_rate=cfg.lora_learning_rate if lora else cfg.learning_rate,
                           eval_interval=cfg.max_iters, eval_iters=10, sample_tokens=0, weight_decay=0.0),
         chat=ChatConfig(data=str(out / "train.jsonl"), val_data=str(out / "heldout.jsonl"),
-                        lora_rank=cfg.lora_rank if lora else 0))
+                        lora_rank=cfg.lora_rank if lora else 0, lora_alpha=cfg.lora_alpha))
     started = time.time()
     summary = train(run, out / name, log=log)
+    if summary.interrupted:  # a stopped fine-tuning has no result to measure
+        raise KeyboardInterrupt(f"{name} fine-tuning stopped at step {summary.step}; its checkpoint is "
+                                f"{summary.ckpt}")
     ckpt = torch.load(out / name / "ckpt.pt", weights_only=True)
     state = ckpt["optimizer"]["state"].values()
     optimizer_bytes = sum(t.numel() * t.element_size() for s in state for t in s.values() if torch.is_tensor(t))
