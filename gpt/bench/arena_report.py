@@ -104,9 +104,9 @@ def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], what: 
 
 def write_tensorboard(out: Path, groups: list[dict[str, Any]], text: str) -> None:
     """The summary as scalars, one run per group (step 0), and the leaderboard as text."""
-    from torch.utils.tensorboard import SummaryWriter
+    from gpt.train.records import summary_writer
 
-    writer = SummaryWriter(str(out / "tensorboard"))
+    writer = summary_writer(out / "tensorboard")
     for g in groups:
         for key in ("val_bpb_mean", "val_bpb_std", "p", "delta_bpb", "train_flops", "tokens_per_s", "peak_mib"):
             value = g.get(key)

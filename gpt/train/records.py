@@ -47,6 +47,21 @@ class Summary:
     final_val_bpb: float | None = None  # final_val_loss in bits per UTF-8 byte (estimated from meta.json's counts)
 
 
+def summary_writer(log_dir: Path, **kwargs: Any):
+    """TensorBoard's SummaryWriter, imported late (it is slow to import) and without the cloud file systems its
+    file layer would load when installed (boto3 for s3://, fsspec): runs are written to local folders, and those
+    two cost about 10 MiB of resident memory and half a second for nothing."""
+    blocked = [name for name in ("boto3", "botocore", "fsspec") if name not in sys.modules]
+    try:
+        sys.modules.update(dict.fromkeys(blocked))  # None: `import boto3` raises ImportError, which tensorboard expects
+        from torch.utils.tensorboard import SummaryWriter
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+    return SummaryWriter(log_dir=str(log_dir), **kwargs)
+
+
 def _quiet_event_thread(args: Any) -> None:
     """threading.excepthook while a run records: TensorBoard's writer thread, stopped by a full or read-only disk,
     prints no traceback (the main thread meets the same error at its next write and reports it in one line)."""
@@ -86,14 +101,12 @@ class RunRecords:
         """Once the run's checks have passed: record the config, start train.log, TensorBoard and the progress bar."""
         if not self.enabled:
             return
-        from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import
-
         record_config(self.run_dir, config, overrides, resumed)
         self._log_file = self.run_dir / "train.log"
         self._excepthook, threading.excepthook = threading.excepthook, _quiet_event_thread
         with self._events():
             # a resumed run rewrites what the interrupted one logged after its checkpoint: TensorBoard drops that
-            self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=step + 1 if resumed else None)
+            self.writer = summary_writer(self.run_dir, purge_step=step + 1 if resumed else None)
             visuals.log_config(self.writer, config)
         self._bar = tqdm(total=max_iters, initial=step, disable=not self.interactive, unit="step", dynamic_ncols=True)
 
