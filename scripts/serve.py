@@ -1,19 +1,13 @@
 """Serve checkpoints over the OpenAI API, with the attention page: python scripts/serve.py ckpt=<run dir> [port=8000]"""
 
-import hydra
-from omegaconf import DictConfig
-
-from gpt.cli import report_user_errors
-from gpt.schema import register, typed
-
-register("serve")
+from gpt.cli import hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="serve", version_base=None)
-def main(cfg: DictConfig) -> None:
+@hydra_entry("serve")
+def main(cfg) -> None:
     from gpt.serve.server import run
 
-    report_user_errors(lambda: run(typed(cfg)))
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from gpt.errors import ConfigError
 from gpt.schema import register, renamed, typed
 from gpt.train.config import RunConfig, TrainConfig
 
+from conftest import run_inline
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 register()
 
@@ -105,6 +107,14 @@ def test_every_script_config_composes_into_its_typed_config():
                 typed(compose(config_name=name))
         with pytest.raises(ConfigError, match="out must be given"):
             typed(compose(config_name="train_tokenizer"))
+
+
+@pytest.mark.parametrize("name", sorted(set(SCRIPT_CONFIGS) - {"memory"}))  # memory: python -m gpt.memory
+def test_every_script_refuses_a_key_its_config_lacks_in_one_line(name):
+    result = run_inline(name, *SCRIPT_CONFIGS[name][0], "no_such_key=1")
+    assert result.returncode == 2, (name, result.stderr)
+    assert result.stderr.startswith("error:") and "no_such_key" in result.stderr.splitlines()[0], result.stderr
+    assert "Traceback" not in result.stderr and "hydra.cc" not in result.stderr
 
 
 def test_overrides_are_type_checked():
