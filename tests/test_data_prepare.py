@@ -75,6 +75,13 @@ def test_shards_have_fixed_size_and_hold_the_same_stream(tmp_path, tokenizer):
     # a window across a shard boundary reads the two shards as one stream
     data = TokenData(many)
     assert data.splits["train"][490:510].tolist() == stream(one, "train")[490:510]
+    # training's positioned reads give the same tokens, within a shard, across one boundary or several, to the end
+    train, whole = data.splits["train"], stream(one, "train")
+    spans = [(0, 7), (490, 510), (499, 500), (500, 501), (20, 1700), (len(whole) - 9, len(whole)), (5, 5)]
+    for start, stop in spans:
+        assert train.read(start, stop).tolist() == whole[start:stop], (start, stop)
+    train.files = None  # a system without os.pread copies from the memory maps
+    assert train.read(490, 1700).tolist() == whole[490:1700]
 
 
 def test_an_interrupted_preparation_continues_from_its_last_complete_shard(tmp_path, monkeypatch):
