@@ -45,3 +45,19 @@ def test_ways_names_full_lora_or_both_once_each(bad):
     with pytest.raises(ConfigError, match="ways must name full, lora or both") as err:
         ChatDemoConfig(base="runs/x", ways=bad)
     assert err.value.hint
+
+
+def test_a_stopped_fine_tuning_stops_the_demonstration_instead_of_measuring_it(tmp_path, monkeypatch):
+    """A fine-tuning stopped by a signal has no result: the demo stops in one line (Ctrl-C's exit) naming the
+    checkpoint, where it used to measure the unfinished model and report its zeros."""
+    from gpt.bench import chat_demo
+    from gpt.train.records import Summary
+
+    def stopped(run, run_dir, log):
+        return Summary(params=1, step=478, tokens=0, best_val_loss=7.97, final_train_loss=7.95, final_val_loss=7.97,
+                       tokens_per_sec=1.0, peak_memory_bytes=0, wall_s=1.0, ckpt=run_dir / "ckpt.pt", interrupted=True)
+
+    monkeypatch.setattr(chat_demo, "train", stopped)
+    cfg = ChatDemoConfig(base="runs/x", out_dir=str(tmp_path), ways=["full"])
+    with pytest.raises(KeyboardInterrupt, match=r"full fine-tuning stopped at step 478; its checkpoint is .*ckpt\.pt"):
+        chat_demo.fine_tune(cfg, tmp_path, lora=False, log=lambda *_: None)
