@@ -8,6 +8,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from conftest import run_inline
 from gpt import GPT, attention
 from gpt.config import ModelConfig
 from gpt.data.config import DataConfig
@@ -15,8 +16,6 @@ from gpt.device import DeviceConfig
 from gpt.errors import ConfigError
 from gpt.schema import register, renamed, typed
 from gpt.train.config import RunConfig, TrainConfig
-
-from conftest import run_inline
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 register()
