@@ -1,4 +1,5 @@
-# make train: install what is missing, prepare the default data if needed, train model=small.
+# make train: install what is missing, prepare the default data if needed, train model=small with recipe=modern
+#             (the best of this framework's recipes on the default run: README's "The default run").
 # make test:  install the package with its test extra, run the whole test suite, in WORKERS processes (pytest-xdist,
 #             one test file per worker at a time, one thread each: tests/conftest.py); WORKERS=0 runs it in this one.
 # make test-fast: the same without the tests marked slow (those that start the scripts as processes).
@@ -10,7 +11,7 @@ PARALLEL = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 .PHONY: train test test-fast install install-dev clean
 
 train: install
-	$(PYTHON) scripts/train.py model=small $(ARGS)
+	$(PYTHON) scripts/train.py model=small recipe=modern $(ARGS)
 
 test: install-dev
 	$(PYTHON) -m pytest $(PARALLEL) $(ARGS)
