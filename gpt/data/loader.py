@@ -7,6 +7,7 @@ the stream reads exactly as if it were one file (offsets are global).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,22 +32,22 @@ class TokenStream:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    def pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """The shards that tokens [start, stop) lie in, in order: (shard, its first index, its stop index)."""
+        shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while start < stop:
+            end = min(stop, int(self.offsets[shard + 1]))
+            yield shard, start - int(self.offsets[shard]), end - int(self.offsets[shard])
+            start, shard = end, shard + 1
+
     def __getitem__(self, index: slice) -> np.ndarray:
         start, stop, step = index.indices(len(self))
         if step != 1:
             raise IndexError("a token stream is sliced with step 1 only")
-        if stop <= start:
-            return np.empty(0, dtype=self.dtype)
-        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        if stop <= self.offsets[first + 1]:  # within one shard: a view of its memory map
-            return self.maps[first][start - self.offsets[first] : stop - self.offsets[first]]
-        parts, at, shard = [], start, first
-        while at < stop:
-            end = min(stop, int(self.offsets[shard + 1]))
-            parts.append(self.maps[shard][at - self.offsets[shard] : end - self.offsets[shard]])
-            at, shard = end, shard + 1
-        return np.concatenate(parts)
-
+        parts = [self.maps[shard][lo:hi] for shard, lo, hi in self.pieces(start, stop)]
+        if len(parts) == 1:  # within one shard: a view of its memory map
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=self.dtype)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """A copy of tokens [start, stop) read with positioned reads (where the system has them): unlike a view of
@@ -55,17 +56,14 @@ class TokenStream:
         per batch for the same reason)."""
         if self.files is None or stop <= start:
             return np.array(self[start:stop])
-        parts, at = [], start
-        shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        while at < stop:
-            end = min(stop, int(self.offsets[shard + 1]))
-            want = (end - at) * self.dtype.itemsize
-            got = os.pread(self.files[shard].fileno(), want, (at - int(self.offsets[shard])) * self.dtype.itemsize)
-            if len(got) != want:
+        parts = []
+        for shard, lo, hi in self.pieces(start, stop):
+            size = self.dtype.itemsize
+            got = os.pread(self.files[shard].fileno(), (hi - lo) * size, lo * size)
+            if len(got) != (hi - lo) * size:
                 raise UserError(f"{self.files[shard].name} is shorter than when it was opened",
                                 hint="the data set changed during the run: prepare it again")
             parts.append(np.frombuffer(got, dtype=self.dtype))
-            at, shard = end, shard + 1
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
