@@ -65,9 +65,16 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
+def configure_for_training(device: torch.device) -> None:
+    """What training and its benchmark both set before the first step: TF32 matmuls on CUDA, and on a CPU the
+    memory a step frees kept for the next."""
+    configure_matmul(device)
+    keep_freed_memory(device)
+
+
 def configure_matmul(device: torch.device) -> None:
     """On CUDA, let float32 matmuls and cuDNN convolutions use TF32 tensor cores (a 10-bit mantissa: faster,
-    accurate enough for training); elsewhere nothing changes. Training and its benchmark both call this."""
+    accurate enough for training); elsewhere nothing changes."""
     if device.type != "cuda":
         return
     # torch's legacy switches, on purpose: mixing them with the newer fp32_precision ones makes

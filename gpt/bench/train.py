@@ -20,7 +20,7 @@ from gpt import attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
 from gpt.config import GPTConfig, ModelConfig, ScriptConfig
-from gpt.device import PRECISIONS, DeviceConfig, configure_matmul, keep_freed_memory, resolve_device, resolve_precision
+from gpt.device import PRECISIONS, DeviceConfig, configure_for_training, resolve_device, resolve_precision
 from gpt.errors import ConfigError, check_positive
 from gpt.model import GPT
 from gpt.train import metrics
@@ -88,8 +88,7 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
     config = GPTConfig(**model)
     attention.check_trainable(config.attention, dev, config.dropout)
     precision = resolve_precision(precision, dev)
-    configure_matmul(dev)
-    keep_freed_memory(dev)  # as training does
+    configure_for_training(dev)  # as training does
     torch.manual_seed(0)
     gpt = GPT(config).to(dev)
     if activation_checkpointing:

@@ -56,9 +56,8 @@ class TokenStream:
         per batch for the same reason)."""
         if self.files is None or stop <= start:
             return np.array(self[start:stop])
-        parts = []
+        parts, size = [], self.dtype.itemsize
         for shard, lo, hi in self.pieces(start, stop):
-            size = self.dtype.itemsize
             got = os.pread(self.files[shard].fileno(), (hi - lo) * size, lo * size)
             if len(got) != (hi - lo) * size:
                 raise UserError(f"{self.files[shard].name} is shorter than when it was opened",

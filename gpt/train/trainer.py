@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gpt import attention, checkpoint, lora
-from gpt.device import autocast, configure_matmul, keep_freed_memory, resolve_device, resolve_precision
+from gpt.device import autocast, configure_for_training, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.train import build, decay, distributed, metrics, optim, parallelize, visuals
 from gpt.train.config import RunConfig
@@ -107,8 +107,7 @@ class Trainer:
         parallelize.check_fsdp(self.train_config, precision, ranks)
         build.check_fits(self.model_config, self.train_config, precision, device, ranks)  # before any allocation
         self.forward_context = build.forward_context(self.model_config, device, precision)  # autocast, SDPA backends
-        configure_matmul(device)
-        keep_freed_memory(device)  # CPU: no page faults of the activations at every step
+        configure_for_training(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         tokenizer = self.data.tokenizer.to_meta()
