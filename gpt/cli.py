@@ -58,6 +58,8 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
     def decorate(body: Callable[[Any], Any]) -> Callable[..., None]:
         def main(argv: list[str] | None = None) -> None:
             """Run the script on the command line's arguments (or on ``argv``, from Python)."""
+            import gc
+
             import hydra
 
             from gpt.files import sigterm_interrupts
@@ -70,6 +72,9 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
                 with sigterm_interrupts():  # SIGTERM stops like Ctrl-C: temporary files removed, exit 130
                     return report_user_errors(lambda: body(typed(cfg)))
 
+            as_command = argv is None  # this process is the command: it ends when main() does
+            if as_command:
+                gc.freeze()  # start-up's objects (torch, Hydra, this package) live as long as the process: GC skips them
             os.environ["HYDRA_FULL_ERROR"] = "1"  # while composing, Hydra raises config errors instead of printing
             command = sys.argv
             if argv is not None:
@@ -85,6 +90,8 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
             finally:
                 sys.argv = command
                 _set_env("HYDRA_FULL_ERROR", asked)
+                if as_command:
+                    gc.freeze()  # the process ends: its final collection would walk every object only to drop it
 
         return main
 
