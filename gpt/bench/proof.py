@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.proof_report import markdown
+from gpt.cli import skip_final_collection
 
 PARTS = ("kernels", "train", "decode", "flex", "arena", "fsdp")
 CAPS = {"kernels": 90, "train": 330, "decode": 120, "flex": 150, "arena": 150, "fsdp": 150}  # seconds, on a GPU
@@ -132,11 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.part:
         run_part(args.part, out, args.dry_run, args.fsdp)
+        skip_final_collection()
         return 0
     if args.fsdp_worker:
         from gpt.bench import proof_parts as parts
 
         parts.fsdp_worker(parts.DRY if args.dry_run else parts.GPU, Path(args.fsdp_worker))
+        skip_final_collection()
         return 0
     wanted = [p for p in (args.parts.split(",") if args.parts else PARTS) if p]
     unknown = sorted(set(wanted) - set(PARTS))
