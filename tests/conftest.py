@@ -23,6 +23,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: one thread per worker 
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the project's modules to bytecode once, before any test: with PYTHONDONTWRITEBYTECODE set (as on
+    this project's machines) every process a test starts would otherwise compile them again from source."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller (or a run without workers) does it for all
+        import compileall
+
+        for folder in ("gpt", "scripts", "tests"):  # an unwritable checkout: the processes compile as before
+            compileall.compile_dir(ROOT / folder, quiet=2)
+
+
 def gpt2_encoding_available() -> bool:
     try:
         from gpt.tokenizer import load_gpt2_encoding
