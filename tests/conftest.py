@@ -33,6 +33,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             compileall.compile_dir(ROOT / folder, quiet=2)
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Freeze what the tests left before pytest's last checks collect garbage five times over it: a worker that has
+    imported torch, transformers and lm_eval took over 5 s there, and pytest-xdist then interrupts it with a SIGINT
+    (seen as "Exception ignored in ... gc_callback ... KeyboardInterrupt" at the end of the run)."""
+    import gc
+
+    gc.freeze()
+
+
 def gpt2_encoding_available() -> bool:
     try:
         from gpt.tokenizer import load_gpt2_encoding
