@@ -98,8 +98,8 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
 
 
 def skip_final_collection() -> None:
-    """Freeze every object left, for a process about to end: the interpreter's last collection would otherwise walk
-    them all (torch's hundreds of thousands: about 1 s) only for the process to free them anyway."""
+    """Freeze every object left, for a process about to end: its last collections (the interpreter's, pytest's)
+    would otherwise walk them all (torch's hundreds of thousands: about 1 s) only for the process to free them."""
     gc.freeze()
 
 

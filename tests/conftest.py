@@ -37,9 +37,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Freeze what the tests left before pytest's last checks collect garbage five times over it: a worker that has
     imported torch, transformers and lm_eval took over 5 s there, and pytest-xdist then interrupts it with a SIGINT
     (seen as "Exception ignored in ... gc_callback ... KeyboardInterrupt" at the end of the run)."""
-    import gc
+    from gpt.cli import skip_final_collection
 
-    gc.freeze()
+    skip_final_collection()
 
 
 def gpt2_encoding_available() -> bool:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_inline
+from conftest import ROOT, run_inline
 
 
 def test_a_script_called_from_python_leaves_the_callers_garbage_collector_alone():
