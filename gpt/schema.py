@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandat
 from gpt.errors import ConfigError
 from gpt.validate import INT64
 
-DESIGNS = "designs"  # every script's key (gpt.config.ScriptConfig) for the designs a user brings
+DESIGNS = "designs"  # every script's key (gpt.model.config.ScriptConfig) for the designs a user brings
 # The attention= group is written straight into model (configs/attention/*.yaml); its keys' earlier spellings
 RENAMED = {"attention.name": "model.attention", "attention.backend": "model.attention_backend"}
 
@@ -99,7 +99,7 @@ def composition_error(err: BaseException) -> ConfigError | None:
 
 
 def bring_designs(cfg: DictConfig) -> None:
-    """Load the files, packages or modules a script's ``designs`` key names (gpt.config.ScriptConfig), before the
+    """Load the files, packages or modules a script's ``designs`` key names (gpt.model.config.ScriptConfig), before the
     model config that may name their designs is checked."""
     sources = cfg.get(DESIGNS) if DESIGNS in cfg else None
     if sources:
@@ -112,22 +112,22 @@ def bring_designs(cfg: DictConfig) -> None:
 # so that registering generate's schema does not load the training package
 SCHEMAS = {
     "train": "gpt.train.config:RunConfig",
-    "generate": "gpt.generate:GenerateConfig",
-    "chat": "gpt.chat:ChatCommandConfig",
+    "generate": "gpt.inference.generate:GenerateConfig",
+    "chat": "gpt.inference.chat:ChatCommandConfig",
     "chat_demo": "gpt.bench.chat_demo:ChatDemoConfig",
     "prepare": "gpt.data.config:PrepareConfig",
-    "export": "gpt.export:ExportConfig",
-    "visualize": "gpt.visualize:VisualizeConfig",
+    "export": "gpt.weights.export:ExportConfig",
+    "visualize": "gpt.inference.visualize:VisualizeConfig",
     "eval": "gpt.evaluation.config:EvalConfig",
     "bench_decode": "gpt.bench.decode:BenchDecodeConfig",
     "bench_attention": "gpt.bench.attention:BenchAttentionConfig",
     "bench_train": "gpt.bench.train:BenchTrainConfig",
-    "arena": "gpt.bench.arena:ArenaConfig",
-    "time_to_loss": "gpt.bench.time_to_loss:TimeToLossConfig",
+    "arena": "gpt.arena.arena:ArenaConfig",
+    "time_to_loss": "gpt.arena.time_to_loss:TimeToLossConfig",
     "memory": "gpt.memory:MemoryConfig",
     "serve": "gpt.serve.config:ServeConfig",
     "bench_serve": "gpt.bench.serve:BenchServeConfig",
-    "train_tokenizer": "gpt.tokenizer_train:TrainTokenizerConfig",
+    "train_tokenizer": "gpt.evaluation.tokenizer_train:TrainTokenizerConfig",
     "eval_tokenizer": "gpt.evaluation.tokenizer:EvalTokenizerConfig",
 }
 

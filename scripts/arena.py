@@ -10,7 +10,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("arena")
 def main(cfg) -> None:
-    from gpt.bench.arena import run
+    from gpt.arena.arena import run
 
     run(cfg)
 

@@ -8,7 +8,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("chat")
 def main(cfg) -> None:
-    from gpt.chat import run
+    from gpt.inference.chat import run
 
     run(cfg)
 

@@ -6,7 +6,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("export")
 def main(cfg) -> None:
-    from gpt.export import run
+    from gpt.weights.export import run
 
     run(cfg)
 

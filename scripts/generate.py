@@ -5,7 +5,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("generate")
 def main(cfg) -> None:
-    from gpt.generate import run
+    from gpt.inference.generate import run
 
     run(cfg)
 

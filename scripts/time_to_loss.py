@@ -9,7 +9,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("time_to_loss")
 def main(cfg) -> None:
-    from gpt.bench.time_to_loss import run
+    from gpt.arena.time_to_loss import run
 
     print(run(cfg))
 

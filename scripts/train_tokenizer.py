@@ -6,7 +6,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("train_tokenizer")
 def main(cfg) -> None:
-    from gpt.tokenizer_train import run
+    from gpt.evaluation.tokenizer_train import run
 
     run(cfg)
 

@@ -5,7 +5,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("visualize", "visualize_attention")
 def main(cfg) -> None:
-    from gpt.visualize import run
+    from gpt.inference.visualize import run
 
     print(f"wrote {run(cfg)}")
 

@@ -44,7 +44,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def gpt2_encoding_available() -> bool:
     try:
-        from gpt.tokenizer import load_gpt2_encoding
+        from gpt.tokenizers.tokenizer import load_gpt2_encoding
 
         load_gpt2_encoding()
         return True
@@ -92,8 +92,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def save_char_model(path: Path, chars: str, **sizes: int) -> None:
     """A checkpoint file of a freshly initialised character model over ``chars`` (no training needed)."""
-    from gpt import GPT, GPTConfig, checkpoint
-    from gpt.tokenizer import CharTokenizer
+    from gpt import GPT, GPTConfig
+    from gpt.tokenizers.tokenizer import CharTokenizer
+    from gpt.weights import checkpoint
 
     config = GPTConfig(**sizes, vocab_size=len(chars))
     checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
@@ -197,7 +198,7 @@ def failure_output(result: subprocess.CompletedProcess) -> str:
     return result.stderr[at:at + 6000] if at >= 0 else result.stderr[-3000:]
 
 
-# --- attention designs: what tests/test_designs.py and tests/designs/ share.
+# --- attention designs: what tests/designs/test_designs.py and tests/designs/ share.
 
 def perturbed_model(config: dict, kernel: str = "sdpa", sharpen: float = 1.0):
     """A seeded random model (eval mode), weights scaled by ``sharpen``, with the parameters that start at ones or
@@ -228,9 +229,9 @@ def train_stop_and_resume(overrides: list[str], tmp_path: Path, half: int = 4) -
     compare bit for bit)."""
     from hydra import compose, initialize_config_dir
 
-    from gpt import checkpoint
     from gpt.schema import register, typed
     from gpt.train.trainer import train
+    from gpt.weights import checkpoint
 
     register()
     common = [*overrides, "device=cpu", "train.warmup_iters=0", f"train.lr_decay_iters={2 * half}",

@@ -9,11 +9,12 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from conftest import run_inline
-from gpt import GPT, attention
-from gpt.config import ModelConfig
+from gpt import GPT
+from gpt import kernels as attention
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError
+from gpt.model.config import ModelConfig
 from gpt.schema import register, renamed, typed
 from gpt.train.config import RunConfig, TrainConfig
 

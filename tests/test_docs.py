@@ -13,7 +13,7 @@ from conftest import ROOT
 from test_imports import import_graph, module_name
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-NAME = re.compile(r"(?<![\w/.-])gpt(?:\.[A-Za-z_]\w*)+")  # gpt.designs.registry.Design, not runs/gpt.x or a.gpt.b
+NAME = re.compile(r"(?<![\w/.-])gpt(?:\.[A-Za-z_]\w*)+")  # gpt.model.design.Design, not runs/gpt.x or a.gpt.b
 PATH = re.compile(r"(?<![\w/.-])((?:gpt|scripts|configs|tests|docs)/[\w/.*<>-]*\w)")
 
 

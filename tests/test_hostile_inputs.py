@@ -24,11 +24,14 @@ import pytest
 import torch
 
 from conftest import ROOT, run_script, save_char_model
-from gpt import GPT, GPTConfig, checkpoint, hf, pretrained
+from gpt import GPT, GPTConfig
 from gpt.data.config import DataConfig
 from gpt.data.prepare import prepare
 from gpt.errors import UserError
-from gpt.tokenizer import CharTokenizer
+from gpt.interop import hf
+from gpt.tokenizers.tokenizer import CharTokenizer
+from gpt.weights import checkpoint
+from gpt.weights import load as pretrained
 
 CHARS = "\n abcdefgh"
 SIZES = dict(n_layer=1, n_head=2, n_embd=16, block_size=16)
@@ -156,7 +159,7 @@ def truncated_shard(root: Path, tmp: Path, missing: bool = False) -> Path:
     """A sharded step folder of the model whose one .distcp file lost its second half (or, ``missing``, is gone)."""
     import torch.distributed.checkpoint as dcp
 
-    from gpt import sharded_checkpoint as sharded
+    from gpt.weights import sharded
 
     payload = torch.load(root / "run" / "ckpt.pt", weights_only=True)
     folder = sharded.step_folder(tmp / "run", 2)
@@ -171,7 +174,7 @@ def truncated_shard(root: Path, tmp: Path, missing: bool = False) -> Path:
 
 def binary_pointer(tmp: Path) -> Path:
     """A run folder whose sharded checkpoint's ``latest`` pointer holds bytes that are not text."""
-    from gpt import sharded_checkpoint as sharded
+    from gpt.weights import sharded
 
     (tmp / "run" / sharded.ROOT).mkdir(parents=True)
     (tmp / "run" / sharded.ROOT / sharded.POINTER).write_bytes(b"\xff\xfe\x00\x89PNG")

@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 INFERENCE = [
-    "gpt/model.py", "gpt/kv_cache.py", "gpt/sampling.py", "gpt/decoding.py", "gpt/generate.py",
-    "gpt/pretrained.py", "gpt/export.py", "gpt/hf.py", "gpt/checkpoint.py", "gpt/tokenizer.py", "gpt/visualize.py",
+    "gpt/model/gpt.py", "gpt/model/kv_cache.py", "gpt/inference/sampling.py", "gpt/inference/decoding.py", "gpt/inference/generate.py",
+    "gpt/weights/load.py", "gpt/weights/export.py", "gpt/interop/hf.py", "gpt/weights/checkpoint.py", "gpt/tokenizers/tokenizer.py", "gpt/inference/visualize.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt" / "attention").glob("*.py")),
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpt" / "serve").glob("*.py")),
 ]
@@ -108,8 +108,8 @@ def test_no_import_cycles_in_gpt():
     cycles = sorted(name for name in graph if name in reachable(graph, name))
     assert cycles == [], f"modules that import themselves through others: {cycles}"
     model_needs = reachable(graph, "gpt.model")
-    assert {"gpt.sampling", "gpt.decoding", "gpt.generate"}.isdisjoint(model_needs)
-    assert "gpt.model" in reachable(graph, "gpt.decoding")  # the decoding side uses the model, not the reverse
+    assert {"gpt.inference.sampling", "gpt.inference.decoding", "gpt.inference.generate"}.isdisjoint(model_needs)
+    assert "gpt.model" in reachable(graph, "gpt.inference.decoding")  # the decoding side uses the model, not the reverse
 
 
 def test_only_the_hydra_glue_imports_omegaconf():
@@ -131,7 +131,7 @@ def package(module: str) -> str:
 
 
 # package -> packages it must never reach, directly or through others: imports run one way (docs/architecture.md)
-SCRIPT_BODIES = {"gpt.generate", "gpt.export", "gpt.consolidate", "gpt.cli", "gpt.schema"}
+SCRIPT_BODIES = {"gpt.inference.generate", "gpt.weights.export", "gpt.weights.consolidate", "gpt.cli", "gpt.schema"}
 NEVER = {
     "gpt.errors": {"*"},
     "gpt.validate": {"*"},
@@ -139,9 +139,9 @@ NEVER = {
     "gpt.data": {"gpt.train", "gpt.evaluation", "gpt.bench", "gpt.memory", "gpt.model", *SCRIPT_BODIES},
     "gpt.memory": {"gpt.train", "gpt.bench", "gpt.evaluation", "gpt.data", *SCRIPT_BODIES},
     "gpt.evaluation": {"gpt.train", "gpt.bench", *SCRIPT_BODIES},
-    "gpt.checkpoint": {"gpt.train", "gpt.pretrained", "gpt.hf", *SCRIPT_BODIES},
-    "gpt.pretrained": {"gpt.train", "gpt.evaluation", "gpt.bench", *SCRIPT_BODIES},
-    "gpt.visualize": {"gpt.train", "gpt.bench", *SCRIPT_BODIES},
+    "gpt.weights.checkpoint": {"gpt.train", "gpt.weights.load", "gpt.interop.hf", *SCRIPT_BODIES},
+    "gpt.weights.load": {"gpt.train", "gpt.evaluation", "gpt.bench", *SCRIPT_BODIES},
+    "gpt.inference.visualize": {"gpt.train", "gpt.bench", *SCRIPT_BODIES},
     "gpt.train": {"gpt.bench", *SCRIPT_BODIES},
 }
 LEAVES_MAY_USE = {"gpt.errors"}  # what the leaves ("*") may import

@@ -5,7 +5,7 @@ data loader or caches) and the run directory must not fill up with files.
 
 The run has a process of its own, with glibc's mmap threshold fixed at its initial 128 KiB. Left dynamic,
 the threshold rises whenever a large block is freed, and later large blocks then come from the heap, which
-grows for a thousand steps before it levels off: seen after tests/test_memory.py had freed its tensors, and
+grows for a thousand steps before it levels off: seen after tests/memory/test_memory.py had freed its tensors, and
 in a fresh process whose start-up imports differed. Fixed, every block
 of 128 KiB or more is unmapped when freed, so resident memory follows live memory and a leak still shows.
 """

@@ -6,11 +6,11 @@ import sys
 
 import torch
 
-from gpt import attention
-from gpt.attention import support
-from gpt.designs import registry as designs
-from gpt.designs.registry import spell
+from gpt import kernels as attention
 from gpt.device import resolve_device
+from gpt.kernels import support
+from gpt.model import design as designs
+from gpt.model.design import spell
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,12 +17,12 @@ from typing import Optional
 
 import torch
 
-from gpt import attention
-from gpt.attention.registry import no_backward
+from gpt import kernels as attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
+from gpt.kernels.registry import no_backward
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = {"fwd": "forward (no_grad)", "fwd+bwd": "forward + backward (grads of q, k, v)"}

@@ -38,7 +38,7 @@ print(time.perf_counter() - started)
 
 BASELINE = """
 import json, pathlib, time, numpy as np, tiktoken
-from gpt.tokenizer import load_gpt2_encoding
+from gpt.tokenizers.tokenizer import load_gpt2_encoding
 started = time.perf_counter()
 text = "".join(json.loads(line)["text"] for p in sorted(pathlib.Path({path!r}).glob("*.jsonl")) for line in open(p))
 ids = load_gpt2_encoding().encode_ordinary(text)

@@ -10,11 +10,11 @@ import torch
 
 from gpt import GPT
 from gpt.bench.report import markdown_table, median_seconds
-from gpt.config import ModelConfig, ScriptConfig
-from gpt.decoding import compiled_decode_step, decode_step, generate
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
-from gpt.pretrained import load_model
+from gpt.inference.decoding import compiled_decode_step, decode_step, generate
+from gpt.model.config import ModelConfig, ScriptConfig
+from gpt.weights.load import load_model
 
 
 @dataclass
@@ -29,7 +29,7 @@ class BenchDecodeConfig(ScriptConfig):
     prompt_lens: list[int] = field(default_factory=lambda: [1, 64])
     batch_size: int = 1
     repeats: int = 3
-    compile: bool = False  # also time the cached decoding step compiled once (gpt.decoding.compiled_decode_step)
+    compile: bool = False  # also time the cached decoding step compiled once (gpt.inference.decoding.compiled_decode_step)
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats")

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
-from gpt import GPT, GPTConfig, hf_targets, pretrained
-from gpt.designs import registry
+from gpt import GPT, GPTConfig
 from gpt.errors import UserError
-from gpt.tokenizer import CharTokenizer
+from gpt.interop import targets as hf_targets
+from gpt.model import design as registry
+from gpt.tokenizers.tokenizer import CharTokenizer
+from gpt.weights import load as pretrained
 
 CHARS = CharTokenizer([chr(c) for c in range(32, 127)] + ["\n"])
 TINY = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=CHARS.vocab_size)

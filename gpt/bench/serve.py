@@ -23,9 +23,9 @@ from typing import Optional
 from urllib.parse import urlparse
 
 from gpt.bench.report import markdown_table
-from gpt.config import ModelConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError, check_positive
+from gpt.model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,8 +171,9 @@ def random_checkpoint(model: ModelConfig, folder: Path) -> str:
     """A checkpoint of random weights with the model's shape over a character vocabulary (speed only)."""
     import torch
 
-    from gpt import GPT, checkpoint
-    from gpt.tokenizer import CharTokenizer
+    from gpt import GPT
+    from gpt.tokenizers.tokenizer import CharTokenizer
+    from gpt.weights import checkpoint
 
     tokenizer = CharTokenizer([chr(c) for c in range(32, 127)] + ["\n", "\t"])
     torch.manual_seed(0)

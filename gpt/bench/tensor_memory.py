@@ -15,9 +15,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from gpt.config import GPTConfig
 from gpt.device import autocast
 from gpt.model import GPT
+from gpt.model.config import GPTConfig
 from gpt.train.config import TrainConfig
 from gpt.train.optim import make_optimizer
 from gpt.train.parallelize import apply_activation_checkpointing

@@ -16,13 +16,13 @@ from typing import Optional
 
 import torch
 
-from gpt import attention
+from gpt import kernels as attention
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
-from gpt.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.device import PRECISIONS, DeviceConfig, configure_for_training, resolve_device, resolve_precision
 from gpt.errors import ConfigError, check_positive
 from gpt.model import GPT
+from gpt.model.config import GPTConfig, ModelConfig, ScriptConfig
 from gpt.train import metrics
 from gpt.train.build import forward_context
 from gpt.train.config import TrainConfig

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpt.bpe import CHAT_TOKENS, EOT
 from gpt.data.formats import JSONL_SUFFIXES
 from gpt.errors import UserError
+from gpt.tokenizers.bpe import CHAT_TOKENS, EOT
 from gpt.validate import parse_json
 
 ROLES = ("system", "user", "assistant")

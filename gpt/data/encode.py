@@ -16,8 +16,8 @@ from itertools import chain
 
 import numpy as np
 
-from gpt import tokenizer as tok
 from gpt.errors import UserError
+from gpt.tokenizers import tokenizer as tok
 
 
 def every_kth(val_fraction: float) -> int:

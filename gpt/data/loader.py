@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpt import tokenizer as tok
 from gpt.data.meta import open_meta
 from gpt.errors import UserError
+from gpt.tokenizers import tokenizer as tok
 
 
 class TokenStream:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from gpt import tokenizer as tok
 from gpt.errors import UserError
+from gpt.tokenizers import tokenizer as tok
 from gpt.validate import Record, read_json
 
 FORMAT_VERSION = 2

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from gpt import tokenizer as tok
 from gpt.data.config import TOKENIZERS, DataConfig
 from gpt.data.encode import Encoder, every_kth, make_encoder, route, text_bytes
 from gpt.data.hf import hf_source
@@ -44,6 +43,7 @@ from gpt.data.shards import ShardWriter
 from gpt.data.sources import Source, format_source, path_source, stdlib_source, url_source
 from gpt.errors import UserError
 from gpt.files import atomic_write, signals_deferred, sigterm_interrupts
+from gpt.tokenizers import tokenizer as tok
 from gpt.validate import Record, read_json
 
 PROGRESS_FILE = "progress.json"

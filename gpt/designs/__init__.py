@@ -1,12 +1,12 @@
 """Attention designs behind one registry: ``register(MyDesign())``, ``get(name)``, ``available()``, ``active(config)``.
 
 Built in, one module each: qk_norm, rope, alibi, softcap, sink, diff, linear, mla, stream. Each is a ``Design``
-(gpt.designs.registry): its config fields and their checks, its parts or its own attention layer, its cache kind,
+(gpt.model.design): its config fields and their checks, its parts or its own attention layer, its cache kind,
 memory terms, export support, arena preset and picture. Bring your own with ``designs=[my_design.py]`` or
 GPT_DESIGNS (gpt.designs.loading); docs/designs.md walks through one.
 """
 
-from gpt.designs.registry import (
+from gpt.model.design import (
     Design,
     DesignUnavailable,
     active,

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from gpt.designs.registry import Design, modeling_file, register
+from gpt.model.design import Design, modeling_file, register
 
 
 def alibi_slopes(n_head: int) -> Tensor:

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from gpt.designs import reference
-from gpt.designs.registry import Design, check_bool, modeling_file, register
 from gpt.errors import ConfigError
-from gpt.flops import TRAIN, matmul
 from gpt.model import CausalSelfAttention
+from gpt.model.design import Design, check_bool, modeling_file, register
+from gpt.model.flops import TRAIN, matmul
 
 
 class DiffAttention(CausalSelfAttention):

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt.designs import reference
-from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
-from gpt.flops import matmul
 from gpt.model import CausalSelfAttention
+from gpt.model.design import Design, modeling_file, register
+from gpt.model.flops import matmul
 
 FEATURE_MAPS = {"elu1": "phi(x) = elu(x) + 1 (Katharopoulos et al. 2020): positive weights"}
 EPS = 1e-6  # keeps a row whose keys are all padding at 0 / eps = 0
@@ -105,7 +105,7 @@ class LinearAttention(CausalSelfAttention):
                                            ctx.token_mask)
         if cache is not None:
             cache.state = state
-        if self.recorded is not None:  # gpt.attention.recording: these tokens' own weights
+        if self.recorded is not None:  # gpt.kernels.recording: these tokens' own weights
             self.recorded.append(linear_weights(q, k, self.feature, ctx.token_mask).detach())
         return y
 

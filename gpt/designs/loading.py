@@ -18,8 +18,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from gpt.designs import registry
 from gpt.errors import UserError
+from gpt.model import design as registry
 
 ENV = "GPT_DESIGNS"
 _loaded: dict[str, list[str]] = {}  # each source loaded (a resolved path or a module name) -> the designs it added

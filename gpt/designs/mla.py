@@ -15,12 +15,12 @@ import torch
 from torch import Tensor, nn
 
 from gpt.designs import reference
-from gpt.designs.registry import Design, modeling_file, register
 from gpt.designs.rope import angles_for, apply_rope, rotate
 from gpt.errors import ConfigError
-from gpt.flops import TRAIN, matmul
-from gpt.kv_cache import keep
 from gpt.model import CausalSelfAttention
+from gpt.model.design import Design, modeling_file, register
+from gpt.model.flops import TRAIN, matmul
+from gpt.model.kv_cache import keep
 
 
 class LatentKV:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt.designs.registry import Design, check_bool, modeling_file, register
+from gpt.model.design import Design, check_bool, modeling_file, register
 
 
 class QKNorm(Design):

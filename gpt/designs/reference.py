@@ -1,5 +1,5 @@
 """Float64 references: each attention layer written out one query and one head at a time, without the model's
-helpers, for the contract tests (tests/test_designs.py) to hold every kernel and design to.
+helpers, for the contract tests (tests/designs/test_designs.py) to hold every kernel and design to.
 
 The core's softmax attention is here, and calls the parts' reference hooks (Design.ref_qk, ref_score, ref_sink,
 ref_keys) where the model calls their hooks; a layer design writes its whole layer (Design.reference) from the
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gpt.designs import registry
+from gpt.model import design as registry
 
 
 def layer(attn: nn.Module, x: Tensor, config: Any) -> Tensor:

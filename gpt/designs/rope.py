@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
+from gpt.model.design import Design, modeling_file, register
 
 
 def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError
+from gpt.model.design import Design, modeling_file, register
 
 
 class SoftCap(Design):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gpt.attention.masks import causal_mask
-from gpt.designs.registry import Design, modeling_file, register
 from gpt.errors import ConfigError, UserError
-from gpt.kv_cache import LayerKV
+from gpt.kernels.masks import causal_mask
+from gpt.model.design import Design, modeling_file, register
+from gpt.model.kv_cache import LayerKV
 
 
 def sink_band(t: int, window: int, sinks: int, key_mask: Tensor | None, device: torch.device) -> Tensor:

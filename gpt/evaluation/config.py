@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpt.config import MISSING, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError, check_positive
 from gpt.files import output_path
+from gpt.model.config import MISSING, ScriptConfig
 
 TASKS = ("heldout", "hellaswag")
 SPLITS = ("val", "train")

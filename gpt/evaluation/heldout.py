@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt.tokenizer import Tokenizer
+from gpt.tokenizers.tokenizer import Tokenizer
 
 
 @dataclass

@@ -21,7 +21,7 @@ from torch import nn
 from gpt.errors import UserError
 from gpt.evaluation.loglik import encode_pair, loglikelihoods
 from gpt.files import atomic_write
-from gpt.tokenizer import Tokenizer
+from gpt.tokenizers.tokenizer import Tokenizer
 from gpt.validate import Record, parse_json, shown
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"  # 10,042 examples

@@ -1,17 +1,18 @@
-"""What an evaluation reads: the model (any source gpt.pretrained.load_model takes) and the prepared data to score
+"""What an evaluation reads: the model (any source gpt.weights.load.load_model takes) and the prepared data to score
 it on (a folder, a data config, or by default the data the run was trained on), checked against each other."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpt import checkpoint, pretrained
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.errors import UserError
 from gpt.files import load_archive
-from gpt.tokenizer import Tokenizer, describe
+from gpt.tokenizers.tokenizer import Tokenizer, describe
 from gpt.validate import Record
+from gpt.weights import checkpoint
+from gpt.weights import load as pretrained
 
 
 def recorded_data_dir(ckpt: str) -> Path | None:
@@ -20,7 +21,7 @@ def recorded_data_dir(ckpt: str) -> Path | None:
         return None
     path = checkpoint.resolve(ckpt)
     if path.is_dir():  # a sharded step folder: the config is in its meta.pt
-        from gpt.sharded_checkpoint import META
+        from gpt.weights.sharded import META
 
         path = path / META
     payload = load_archive(path, mmap=True)  # tensors stay on disk

@@ -24,16 +24,16 @@ except ImportError as err:  # the optional extra is missing
     raise ImportError("lm-evaluation-harness is not installed: pip install -e '.[eval]'") from err
 from tqdm import tqdm
 
-from gpt.decoding import stream
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.evaluation.loglik import Pair, encode_pair, loglikelihoods
-from gpt.pretrained import load_model
-from gpt.text import TextStream
+from gpt.inference.decoding import stream
+from gpt.inference.text import TextStream
+from gpt.weights.load import load_model
 
 
 @register_model("gpt-attention")
 class GPTAttentionLM(LM):
-    """lm-eval's LM interface over gpt.pretrained.load_model (a run folder, checkpoint, export, or gpt2*)."""
+    """lm-eval's LM interface over gpt.weights.load.load_model (a run folder, checkpoint, export, or gpt2*)."""
 
     def __init__(self, ckpt: str, init_path: str | None = None, device: str | None = "auto", batch_size: Any = 8,
                  precision: str = "auto", seed: int = 1234, **_: Any) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt.errors import UserError
-from gpt.tokenizer import Tokenizer
+from gpt.tokenizers.tokenizer import Tokenizer
 
 Pair = tuple[list[int], list[int]]  # context tokens, continuation tokens
 

@@ -21,8 +21,8 @@ from gpt.evaluation.heldout import full_pass
 from gpt.evaluation.inputs import open_data
 from gpt.files import atomic_write
 from gpt.model import GPT
-from gpt.pretrained import load_model
-from gpt.tokenizer import Tokenizer
+from gpt.tokenizers.tokenizer import Tokenizer
+from gpt.weights.load import load_model
 
 
 @contextlib.contextmanager

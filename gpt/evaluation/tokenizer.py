@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from gpt import tokenizer as tok
 from gpt.data.config import DataConfig
 from gpt.data.encode import route, text_bytes
 from gpt.data.prepare import load_source
 from gpt.data.sources import Source
 from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write
+from gpt.tokenizers import tokenizer as tok
 
 SPLITS = ("train", "val")
 BATCH_CHARS = 1 << 20

@@ -5,7 +5,7 @@ python -m gpt.memory model=gpt2-xl train.batch_size=4 [train.fsdp=true] [train.a
 
 The activation figures count what autograd keeps between forward and backward for this project's GPT
 (measured per tensor with saved_tensors_hooks and checked against the live-tensor peak of small
-models in tests/test_memory.py). Per block and token, with C = n_embd and a = 2 bytes (bf16/fp16) or
+models in tests/memory/test_memory.py). Per block and token, with C = n_embd and a = 2 bytes (bf16/fp16) or
 4 (fp32): the two LayerNorm inputs of the fp32 residual stream (2 x 4C), fourteen C-sized tensors in
 the compute precision (LayerNorm outputs 2C, q/k/v 3C, attention output C, MLP 8C: 14aC), the
 attention's log-sum-exp and the LayerNorm statistics. Kernels that build the T x T scores (all but
@@ -24,11 +24,11 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpt.config import GPTConfig, ModelConfig, ScriptConfig
-from gpt.designs import registry as designs
 from gpt.device import PRECISIONS
 from gpt.errors import ConfigError, check_positive
-from gpt.kv_cache import LayerKV
+from gpt.model import design as designs
+from gpt.model.config import GPTConfig, ModelConfig, ScriptConfig
+from gpt.model.kv_cache import LayerKV
 
 MEMORY_EFFICIENT_KERNELS = ("sdpa", "flex")  # never hold the T x T scores (flash / fused kernels)
 RESERVED = 2**30  # CUDA context, cuBLAS workspaces and allocator slack, kept out of every GPU's budget
@@ -95,7 +95,7 @@ def _count_params(fields: str) -> tuple[int, int]:
 def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
     """Bytes one Block keeps for its backward on a (batch, seq) micro-batch, computing in ``act``-byte floats:
     GPT-2's attention through the configured kernel, and what each design keeps beyond it (Design.activations,
-    counted with saved-tensor hooks on CPU; tests/test_designs.py checks the totals)."""
+    counted with saved-tensor hooks on CPU; tests/designs/test_designs.py checks the totals)."""
     n, c, h = batch * seq, config.n_embd, config.n_head
     kv = config.n_kv_head * config.head_dim
     fused = config.attention in MEMORY_EFFICIENT_KERNELS
@@ -227,7 +227,7 @@ def gib(n: int) -> str:
 
 def kv_cache_line(config: GPTConfig, number_bytes: int) -> str:
     """What sampling from the model keeps in its KV cache, per token and for a full context of one sequence."""
-    from gpt.kv_cache import KVCache
+    from gpt.model.kv_cache import KVCache
 
     tokens = KVCache(config, 1, "meta").layers[0].tokens  # the slots it keeps (a window's ring, sink tokens)
     per_token = kv_bytes_per_token(config, number_bytes)

@@ -23,8 +23,8 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from gpt.inference.chat_template import Renderer
 from gpt.serve import attention, protocol
-from gpt.serve.chat import Renderer
 from gpt.serve.engine import Output, QueueFull, Sequence
 from gpt.serve.models import Served, chat_prompt, completion_prompts, samplings
 from gpt.serve.protocol import APIError

@@ -1,24 +1,24 @@
 """The attention the page draws: one token's weights over its context, for every layer and head, as
-gpt.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any design),
+gpt.inference.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any design),
 with what each design of the model says its maps show (its Design.view, from the design registry).
 
 The context is the one the model used: a token of the prompt saw the prompt's tokens before it; a later token saw
-the window gpt.decoding.slide left when it was fed (the last block_size // 2 tokens after each slide).
+the window gpt.inference.decoding.slide left when it was fed (the last block_size // 2 tokens after each slide).
 """
 
 from __future__ import annotations
 
 import torch
 
-from gpt.decoding import slide
+from gpt.inference.decoding import slide
+from gpt.inference.visualize import attention_maps, design_views, token_labels
 from gpt.serve.protocol import APIError
-from gpt.visualize import attention_maps, design_views, token_labels
 
 MAX_PICTURE_BYTES = 256 * 2**20  # the maps of one context (layers x heads x T x T floats) are computed whole
 
 
 def context_start(prompt_tokens: int, length: int, block_size: int) -> int:
-    """Where the context began when the sequence was ``length`` tokens long, by the rule of gpt.decoding.stream:
+    """Where the context began when the sequence was ``length`` tokens long, by the rule of gpt.inference.decoding.stream:
     the prompt whole (at most block_size tokens), then a slide by half each time it outgrew block_size."""
     starts = [0]
     for n in range(prompt_tokens, length + 1):

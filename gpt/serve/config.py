@@ -6,9 +6,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpt.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.device import PRECISIONS, DeviceConfig
 from gpt.errors import ConfigError, check_positive
+from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Batched decoding for the server: the sequences of every request to one model share one batch and one KV cache.
 
-A thread per model runs the loop of gpt.decoding.stream (left padding, prefill, one decode_step per token, the
+A thread per model runs the loop of gpt.inference.decoding.stream (left padding, prefill, one decode_step per token, the
 context sliding by half past block_size), with what a server adds: sequences join and leave between steps, and each
-samples with its own settings and its own torch.Generator (gpt.sampling.sample_next on its row), so a request gets
+samples with its own settings and its own torch.Generator (gpt.inference.sampling.sample_next on its row), so a request gets
 the text it would get alone, the text scripts/generate.py prints for the same seed and settings. A sequence that
 joins, or a context that slides, rebuilds the batch's cache with one prefill of every row's context (what stream does
 after a slide); finished rows are dropped at the next rebuild, or once they are half the batch.
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gpt.decoding import decode_step, left_pad, prefill, slide
 from gpt.errors import UserError
-from gpt.kv_cache import KVCache
+from gpt.inference.decoding import decode_step, left_pad, prefill, slide
+from gpt.inference.sampling import sample_rows
+from gpt.inference.text import TextStream
 from gpt.model import GPT
-from gpt.sampling import sample_rows
-from gpt.text import TextStream
-from gpt.tokenizer import Tokenizer
+from gpt.model.kv_cache import KVCache
+from gpt.tokenizers.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
 
@@ -74,7 +74,7 @@ class Sequence:
             raise ValueError("a sequence needs at least one prompt token")
         self.ids = list(prompt)
         self.prompt_tokens = len(prompt)
-        self.start = 0  # where the context begins (gpt.decoding.slide moves it)
+        self.start = 0  # where the context begins (gpt.inference.decoding.slide moves it)
         self.sampling = sampling
         self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
         self._pieces = _Pieces()
@@ -241,7 +241,7 @@ class Engine:
 
     def _sample(self, rows: list[Sequence], logits: Tensor) -> None:
         """Each live row's next token from its logits (B, vocab) and its own generator, rows with the same settings
-        drawn together (gpt.sampling.sample_rows); the outputs delivered."""
+        drawn together (gpt.inference.sampling.sample_rows); the outputs delivered."""
         groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(rows):
             if not seq.done:  # a finished row stays until the next rebuild; what it is fed does not matter

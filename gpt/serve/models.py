@@ -1,4 +1,4 @@
-"""The checkpoints a server serves: each loaded once (any source gpt.pretrained reads), with its engine, its chat
+"""The checkpoints a server serves: each loaded once (any source gpt.weights.load reads), with its engine, its chat
 template if it has a usable one, and its limits; and what a request asks of it, as prompts and sampling settings."""
 
 from __future__ import annotations
@@ -7,17 +7,17 @@ import secrets
 import time
 from dataclasses import dataclass, fields, replace
 
-from gpt import tokenizer as tok
-from gpt.config import GPTConfig
-from gpt.decoding import prompt_ids
-from gpt.designs import registry as designs
 from gpt.errors import UserError
+from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer
+from gpt.inference.decoding import prompt_ids
+from gpt.inference.sampling import check_sampling
 from gpt.model import GPT
-from gpt.pretrained import load_weights
-from gpt.sampling import check_sampling
-from gpt.serve.chat import ChatTemplate, ChatTemplateError, Renderer
+from gpt.model import design as designs
+from gpt.model.config import GPTConfig
 from gpt.serve.engine import Engine, Sampling
 from gpt.serve.protocol import SEED_RANGE, APIError, ChatRequest, CompletionRequest
+from gpt.tokenizers import tokenizer as tok
+from gpt.weights.load import load_weights
 
 
 @dataclass
@@ -57,7 +57,7 @@ def model_name(ckpt: str) -> str:
 
 def load(ckpt: str, name: str, device, kernel: str | None, backend: str | None, init_path: str | None,
          limits: dict[str, int], renderer: Renderer, autocast) -> Served:
-    """Load a checkpoint for serving, as gpt.pretrained.load_model does, keeping its tokenizer description (the chat
+    """Load a checkpoint for serving, as gpt.weights.load.load_model does, keeping its tokenizer description (the chat
     template lives there); start its engine. A template that does not compile is reported, and chat refused."""
     config, state, meta = load_weights(ckpt, init_path)
     config = replace(config, attention=kernel or config.attention, attention_backend=backend)

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import UserError
+from gpt.inference.chat_template import Renderer
 from gpt.serve.app import create_app
-from gpt.serve.chat import Renderer
 from gpt.serve.config import ServeConfig
 from gpt.serve.models import Served, load, model_name
 

@@ -14,22 +14,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpt import lora, memory, pretrained
-from gpt import tokenizer as tok
-from gpt.attention.backends import pin_for
-from gpt.config import GPTConfig
+from gpt import memory
 from gpt.data.chat import ChatData, add_token_rows
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
 from gpt.data.sampler import make_sampler
 from gpt.device import DTYPES, autocast
 from gpt.errors import UserError
+from gpt.kernels.backends import pin_for
 from gpt.model import GPT
+from gpt.model.config import GPTConfig
+from gpt.tokenizers import tokenizer as tok
 from gpt.train import distributed, parallelize
 from gpt.train.config import RunConfig, TrainConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.optim import make_optimizer
 from gpt.train.state import TrainState
+from gpt.weights import load as pretrained
+from gpt.weights import lora
 
 
 def load_data(run: RunConfig, ranks: Ranks, log: Callable[[str], None]) -> TokenData | ChatData:
@@ -203,6 +205,6 @@ class Contexts:
 def forward_context(config: GPTConfig, device: torch.device, precision: str) -> Contexts:
     """What every full-sequence forward of the (maybe compiled) model runs under, in training, evaluation and the
     training benchmark: autocast for the precision, and attention=sdpa's backends (the pinned one, if any) set
-    outside the compiled graph, where torch reads them when it traces (gpt.attention.backends)."""
+    outside the compiled graph, where torch reads them when it traces (gpt.kernels.backends)."""
     dtype = DTYPES.get(precision, torch.float32)
     return Contexts(autocast(device, precision), pin_for(config.attention, config.attention_backend, device, dtype))

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import torch
 
-from gpt import checkpoint
-from gpt import sharded_checkpoint as sharded
 from gpt.errors import UserError
 from gpt.files import load_archive
 from gpt.train.config import RunConfig
 from gpt.train.optim import decay_iters, final_lr
+from gpt.weights import checkpoint, sharded
 
 
 def source(spec: str) -> Path:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from gpt.config import GPTConfig
+from gpt.model.config import GPTConfig
 
 # Dense (no sparsity) peak tensor-core FLOP/s per GPU, from the vendors' data sheets. fp32 means TF32
 # matmuls, which is what training in fp32 uses on these GPUs (TF32 is switched on for CUDA).

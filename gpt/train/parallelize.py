@@ -1,7 +1,7 @@
 """Memory-saving transformations applied to a built model from outside it (torchtitan style), and the
 state-dict and gradient helpers that work whether the model is sharded or not.
 
-gpt/model.py knows nothing of them: activation checkpointing patches each Block's forward on the
+gpt/model/gpt.py knows nothing of them: activation checkpointing patches each Block's forward on the
 instance and FSDP2's fully_shard registers hooks, so parameter names (and so checkpoints) stay
 exactly those of the plain model.
 """
@@ -151,9 +151,9 @@ def named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> li
 
 
 def sharded_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """This rank's part of every model and optimizer tensor, flat-keyed as gpt.sharded_checkpoint stores them
+    """This rank's part of every model and optimizer tensor, flat-keyed as gpt.weights.sharded stores them
     (``model.<name>``, ``optim.state.<name>.<key>``); no optimizer entries before its first step."""
-    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX
+    from gpt.weights.sharded import MODEL_PREFIX, OPTIM_PREFIX
 
     sd = _dcp_state_dict()
     tensors = {MODEL_PREFIX + name: t for name, t in sd.get_model_state_dict(model).items()}
@@ -167,7 +167,7 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str
                  param_groups: list[dict[str, Any]]) -> None:
     """Every rank reads its part of a sharded checkpoint into the model and the optimizer (any world size, with
     or without FSDP: DCP reshards). An optimizer saved before its first step keeps its fresh state."""
-    from gpt.sharded_checkpoint import MODEL_PREFIX, OPTIM_PREFIX, dcp_load, tensor_shapes, unflatten
+    from gpt.weights.sharded import MODEL_PREFIX, OPTIM_PREFIX, dcp_load, tensor_shapes, unflatten
 
     sd = _dcp_state_dict()
     with_optimizer = bool(tensor_shapes(Path(folder), OPTIM_PREFIX))

@@ -10,13 +10,12 @@ from typing import Any
 
 import torch
 
-from gpt import checkpoint
-from gpt import sharded_checkpoint as sharded
-from gpt.config import GPTConfig
 from gpt.errors import UserError
 from gpt.files import load_archive
-from gpt.tokenizer import describe
+from gpt.model.config import GPTConfig
+from gpt.tokenizers.tokenizer import describe
 from gpt.train.distributed import env_local_world_size, env_world_size
+from gpt.weights import checkpoint, sharded
 
 RUN_FILES = (checkpoint.LATEST, checkpoint.BEST, "summary.json", "train.log")  # the files a run writes
 TRAINING_ENTRIES = ("optimizer", "rng", "data", "step")  # without them a checkpoint can be sampled, not resumed

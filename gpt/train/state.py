@@ -3,7 +3,7 @@
 Model, optimizer, gradient scaler, counters, the data position (the sampler that draws the training
 windows) and every random generator of each process: restoring all of it makes a resumed run bitwise
 identical to an uninterrupted one on CPU. The Checkpointer writes it (ckpt.pt from rank 0, or with FSDP a
-sharded folder every rank writes its part of: gpt.sharded_checkpoint) and the best model (best.pt) from rank 0.
+sharded folder every rank writes its part of: gpt.weights.sharded) and the best model (best.pt) from rank 0.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpt import checkpoint, lora
-from gpt import sharded_checkpoint as sharded
-from gpt.checkpoint import BEST
-from gpt.config import GPTConfig
 from gpt.data.sampler import Sampler
 from gpt.errors import UserError
+from gpt.model.config import GPTConfig
 from gpt.train import distributed, parallelize
 from gpt.train.distributed import AbortRun, Ranks
+from gpt.weights import checkpoint, lora, sharded
+from gpt.weights.checkpoint import BEST
 
 ADAPTER = "adapter.pt"  # a LoRA run's adapters alone (a few MB), beside ckpt.pt's merged weights
 
@@ -75,7 +74,7 @@ class TrainState:
     def state_dict(self, rngs: list[dict[str, Any]], sharded: bool = False) -> dict[str, Any]:
         """The training entries of a checkpoint; ``rngs`` holds every rank's RNG states, in rank order.
 
-        ``sharded``: the optimizer's tensors are saved apart (gpt.sharded_checkpoint); only its groups are here."""
+        ``sharded``: the optimizer's tensors are saved apart (gpt.weights.sharded); only its groups are here."""
         optimizer = ({"state": {}, "param_groups": parallelize.named_param_groups(self.model, self.optimizer)}
                      if sharded else parallelize.optimizer_state(self.model, self.optimizer))
         return {
@@ -135,7 +134,7 @@ class Checkpointer:
     def save(self, state: TrainState, best: bool, keep: bool = False) -> None:
         """Checkpoint ``state``; every rank calls this (RNG states are gathered) and all see a failure.
 
-        A sharded model (FSDP) is saved sharded, each rank writing its part (gpt.sharded_checkpoint); otherwise
+        A sharded model (FSDP) is saved sharded, each rank writing its part (gpt.weights.sharded); otherwise
         rank 0 writes ckpt.pt. Either one replaces the other kind, so a run directory holds one latest state.
         ``keep``: also keep this one in run_dir/checkpoints/ (train.keep_checkpoints, for decay_from)."""
         rngs = distributed.gather(rng_state(), self.ranks)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpt import attention, checkpoint, lora
+from gpt import kernels as attention
 from gpt.device import autocast, configure_for_training, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.train import build, decay, distributed, metrics, optim, parallelize, visuals
@@ -29,6 +29,7 @@ from gpt.train.records import RunRecords, Summary
 from gpt.train.resume import decay_command, open_run_dir, resume_command
 from gpt.train.signals import SignalGuard
 from gpt.train.state import Checkpointer
+from gpt.weights import checkpoint, lora
 
 
 def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, overrides: list[str] | None = None,

@@ -1,6 +1,6 @@
 """What TensorBoard shows besides scalars: the config, text samples, and one layer's attention maps.
 
-The maps come from gpt.visualize (weights recomputed by gpt.attention.recording, so any kernel works). They are
+The maps come from gpt.inference.visualize (weights recomputed by gpt.kernels.recording, so any kernel works). They are
 drawn with Pillow, not matplotlib: a training process that imported matplotlib for this picture held about 30 MiB
 more for the rest of the run and spent about a second drawing each one (docs/benchmarks.md, against nanoGPT).
 """
@@ -16,10 +16,10 @@ import torch
 import yaml
 
 from gpt.data.loader import TokenData
-from gpt.decoding import generate, prompt_ids
+from gpt.inference.decoding import generate, prompt_ids
+from gpt.inference.visualize import attention_maps, token_labels
 from gpt.model import GPT
 from gpt.train.resume import flatten
-from gpt.visualize import attention_maps, token_labels
 
 
 def log_config(writer, config: dict) -> None:

@@ -34,7 +34,7 @@ def test_bad_configs_are_refused_naming_the_option(options, message):
 
 
 def test_the_pictures_show_each_layers_differential_map():
-    from gpt.visualize import attention_maps
+    from gpt.inference.visualize import attention_maps
 
     model = perturbed_model(TINY, "sdpa")
     maps = attention_maps(model, torch.arange(10)[None])  # w1 - lambda * w2 per layer: rows sum to 1 - lambda

@@ -8,7 +8,7 @@ from conftest import perturbed_model
 from gpt import GPTConfig
 from gpt.designs.linear import causal_linear_attention, linear_weights
 from gpt.errors import ConfigError
-from gpt.kv_cache import KVCache
+from gpt.model.kv_cache import KVCache
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, linear_attn="elu1")
 
@@ -61,7 +61,7 @@ def test_what_linear_attention_cannot_have_is_refused_by_name(options, message):
 
 
 def test_the_pictures_show_the_weights_linear_attention_uses():
-    from gpt.visualize import attention_maps
+    from gpt.inference.visualize import attention_maps
 
     g = torch.Generator().manual_seed(4)
     q = torch.randn(1, 4, 6, 8, generator=g)  # (B, H, T, D)

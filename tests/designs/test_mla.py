@@ -8,7 +8,7 @@ from conftest import perturbed_model
 from gpt import GPT, GPTConfig
 from gpt.designs.mla import LatentKV
 from gpt.errors import ConfigError
-from gpt.kv_cache import KVCache
+from gpt.model.kv_cache import KVCache
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, mla_latent=12)  # head_dim 8, d_R 4
 
@@ -37,7 +37,7 @@ def test_the_cache_keeps_the_latent_and_the_shared_rotated_key(window):
 
 
 def test_kv_bytes_per_token_shrink_by_the_formula():
-    from gpt.bench.arena import kv_bytes_per_token
+    from gpt.arena.arena import kv_bytes_per_token
 
     config = dict(n_layer=3, n_head=4, n_embd=64, block_size=16, vocab_size=50)  # head_dim 16
     assert kv_bytes_per_token(GPT(GPTConfig(**config)).eval(), "cpu") == 2 * 4 * 16 * 3 * 4  # 2 x nh x hs x L x 4

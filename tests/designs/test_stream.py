@@ -6,9 +6,9 @@ import torch
 
 from conftest import perturbed_model
 from gpt import GPTConfig
-from gpt.decoding import generate_batch
 from gpt.errors import ConfigError, UserError
-from gpt.kv_cache import KVCache
+from gpt.inference.decoding import generate_batch
+from gpt.model.kv_cache import KVCache
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, window=5, sink_tokens=2)
 

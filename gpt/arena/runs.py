@@ -1,0 +1,134 @@
+"""Where the arena keeps each run's state, so that the same command run again resumes instead of starting over, and
+how runs are spread over devices.
+
+Each cell's folder (out_dir/<group>/seed<seed>/) is a normal training run plus two files: arena_cell.json, its
+configuration, written before it trains, and arena_result.json, its measured row, written when it finished. Run
+again, the arena reads the finished rows back, resumes an unfinished cell from its last checkpoint (or from step
+0), and refuses a folder that holds another configuration's run, naming the first setting that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpt.errors import ConfigError, UserError
+from gpt.files import atomic_write
+
+CELL_FILE = "arena_cell.json"
+RESULT_FILE = "arena_result.json"
+NUMBERS = ("params", "steps", "tokens", "val_loss", "val_bpb", "val_tokens", "tokens_per_s", "peak_mib",
+           "kv_bytes_per_token", "decode_tok_s", "train_s")  # what a finished row must hold, as numbers
+Job = TypeVar("Job")
+
+
+def fingerprint(run: Any) -> dict[str, Any]:
+    """A run's configuration as JSON values (what the cell file holds)."""
+    return json.loads(json.dumps(asdict(run)))
+
+
+def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
+    """The first dotted key whose value differs between two JSON values (None: equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            found = first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if a == b else prefix.rstrip(".")
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object the arena wrote, or one UserError saying the file is damaged and what to do."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} ({what}) cannot be read: {err}",
+                        hint=f"remove {path.parent} to run that cell again") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} ({what}) is not a JSON object", hint=f"remove {path.parent} to run that cell again")
+    return value
+
+
+def check_folder(folder: Path, run: Any) -> None:
+    """Refuse a cell folder that holds another configuration's run (or a run this arena did not start)."""
+    from gpt.weights import checkpoint
+
+    if (folder / CELL_FILE).exists():
+        stored = read_json(folder / CELL_FILE, "the arena cell's configuration")
+        differs = first_difference(stored, fingerprint(run))
+        if differs:
+            raise ConfigError(f"{folder} holds an arena run of another configuration ({differs} differs)",
+                              hint="run the same command as before to resume it, or choose another out_dir")
+    elif checkpoint.latest(folder) is not None:
+        raise ConfigError(f"{folder} already holds a run that this arena did not start",
+                          hint="choose another out_dir (or remove that folder)")
+
+
+def finished(folder: Path) -> dict[str, Any] | None:
+    """A finished cell's row (None: not finished), checked: every figure a number."""
+    path = folder / RESULT_FILE
+    if not path.exists():
+        return None
+    row = read_json(path, "an arena result")
+    bad = [k for k in NUMBERS if isinstance(row.get(k), bool) or not isinstance(row.get(k), (int, float))]
+    if bad:
+        raise UserError(f"{path}: {bad[0]} is missing or not a number", hint=f"remove {folder} to run that cell again")
+    return row
+
+
+def start(folder: Path, run: Any) -> None:
+    """Record the cell's configuration before it trains (what a resumed arena checks it against)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(fingerprint(run), indent=1)
+    atomic_write(folder / CELL_FILE, lambda f: f.write(text.encode()), what="the arena cell's configuration")
+
+
+def save(folder: Path, row: dict[str, Any]) -> None:
+    """Record a finished cell's row (Python's JSON keeps NaN as NaN)."""
+    text = json.dumps(row)
+    atomic_write(folder / RESULT_FILE, lambda f: f.write(text.encode()), what="an arena result")
+
+
+def run_all(jobs: Sequence[Job], devices: Sequence[str], runner: Callable[[Job, str], dict[str, Any]],
+            done: Callable[[Job, dict[str, Any]], bool]) -> None:
+    """Every job on one of ``devices``, one job per device at a time, taken in order as devices come free.
+    ``done(job, result)`` is called in this thread, one at a time; True stops the taking of new jobs (those
+    running finish). One device: in this thread, one job after another."""
+    if len(devices) <= 1:
+        for job in jobs:
+            if done(job, runner(job, devices[0] if devices else "cpu")):
+                return
+        return
+    todo: queue.Queue = queue.Queue()
+    for job in jobs:
+        todo.put(job)
+    results: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def worker(device: str) -> None:
+        while not stop.is_set():
+            try:
+                job = todo.get_nowait()
+            except queue.Empty:
+                break
+            results.put((job, runner(job, device)))
+        results.put(None)  # this device is done
+
+    threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices]
+    for thread in threads:
+        thread.start()
+    running = len(threads)
+    while running:
+        item = results.get()
+        if item is None:
+            running -= 1
+        elif done(*item):
+            stop.set()
+    for thread in threads:
+        thread.join()

@@ -1,0 +1,144 @@
+"""Time to loss: train recipes (configs/recipe/) on the same data and model over several seeds, each run a whole
+``scripts/train.py`` process, and report for each the steps, tokens and seconds it took to reach a target validation
+loss, its final loss and its tokens per second, as a table (time_to_loss.md, .csv) and a plot (time_to_loss.png).
+
+The target is ``target=`` or, by default, the median final validation loss of the first recipe (the baseline): "how
+much sooner does recipe B reach where recipe A ends?". Runs go seed by seed, the recipes interleaved, so a change in
+the machine's load touches every recipe alike. A run whose folder already holds its summary is read, not rerun: an
+interrupted benchmark continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from gpt.errors import ConfigError, UserError, check_positive
+from gpt.train import recipe as training_recipes
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass
+class TimeToLossConfig:
+    """scripts/time_to_loss.py (configs/time_to_loss.yaml)."""
+
+    recipes: list[str] = field(default_factory=lambda: ["gpt2", "modern"])  # the first one sets the default target
+    seeds: list[int] = field(default_factory=lambda: [1337, 1338, 1339])
+    target: Optional[float] = None  # validation loss to reach; None: the first recipe's median final val loss
+    eval_interval: int = 80  # evaluations every this many steps: the resolution of "steps to reach the target"
+    overrides: list[str] = field(default_factory=list)  # key=value for every run (model=, data=, train.max_iters=...)
+    out_dir: str = "runs/time_to_loss"
+    timeout_s: float = 7200.0  # a run still going after this fails
+
+    def __post_init__(self) -> None:
+        check_positive(self, "eval_interval", "timeout_s")
+        if not self.recipes or not self.seeds:
+            raise ConfigError("recipes and seeds must each name at least one", hint="e.g. recipes=[gpt2,modern]")
+        for name in self.recipes:
+            training_recipes.settings(name)
+        if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"a recipe or seed is named twice: recipes={self.recipes}, seeds={self.seeds}")
+        if self.target is not None and not (math.isfinite(self.target) and self.target > 0):
+            raise ConfigError(f"target must be a positive loss or null, got {self.target!r}")
+        for override in self.overrides:
+            key = str(override).split("=", 1)[0].lstrip("+~")
+            if "=" not in str(override) or key in ("recipe", "seed", "out_dir", "resume", "train.eval_interval"):
+                raise ConfigError(f"overrides: {override!r} is not a key=value the benchmark leaves to each run",
+                                  hint="recipe, seed, out_dir, resume and the evaluation interval are the benchmark's")
+
+
+def run_dir(cfg: TimeToLossConfig, recipe: str, seed: int) -> Path:
+    return Path(cfg.out_dir) / f"{recipe}-seed{seed}"
+
+
+def train_one(cfg: TimeToLossConfig, recipe: str, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """One whole training process (or the record of one that finished before); its summary and validation curve."""
+    folder = run_dir(cfg, recipe, seed)
+    record = folder / "time_to_loss.json"
+    if record.is_file():
+        log(f"{folder.name}: done before, read from {record}")
+        return json.loads(record.read_text())
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"), f"recipe={recipe}", f"seed={seed}",
+               *cfg.overrides, f"train.eval_interval={cfg.eval_interval}", f"out_dir={folder}",
+               f"resume={'true' if folder.exists() else 'false'}"]
+    log(f"{folder.name}: training ({' '.join(command[2:])})")
+    started = time.time()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{folder.name} still running after {cfg.timeout_s:g} s", hint="raise timeout_s") from None
+    if done.returncode != 0:
+        raise UserError(f"{folder.name} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}",
+                        hint=f"run it alone to see why: {' '.join(command)}")
+    summary = json.loads((folder / "summary.json").read_text())
+    result = {"recipe": recipe, "seed": seed, "launched": started, "summary": summary, "curve": val_curve(folder)}
+    record.write_text(json.dumps(result))
+    return result
+
+
+def val_curve(folder: Path) -> list[tuple[int, float, float]]:
+    """(step, wall time, val loss) at every evaluation, from the run's TensorBoard scalars."""
+    import logging
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.wall_time, e.value) for e in events.Scalars("val/loss")]
+
+
+def reached(result: dict[str, Any], target: float) -> dict[str, float]:
+    """Steps, tokens and seconds (from the process's launch) at the first evaluation at or below ``target``."""
+    summary = result["summary"]
+    tokens_per_step = summary["tokens"] / max(summary["step"], 1)
+    for step, wall, loss in result["curve"]:
+        if loss <= target:
+            return {"steps": step, "tokens": step * tokens_per_step, "seconds": wall - result["launched"]}
+    return {"steps": math.nan, "tokens": math.nan, "seconds": math.nan}
+
+
+def rows(results: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
+    """One row per run: the recipe, seed, figures to the target and the run's own final figures."""
+    out = []
+    for r in results:
+        s = r["summary"]
+        out.append({"recipe": r["recipe"], "seed": r["seed"], **reached(r, target),
+                    "final_val_loss": s["final_val_loss"], "final_step": s["step"], "tokens_per_s": s["tokens_per_sec"],
+                    "wall_s": s["wall_s"], "peak_mib": s["peak_memory_bytes"] / 2**20})
+    return out
+
+
+def medians(table: list[dict[str, Any]], recipes: list[str]) -> list[dict[str, Any]]:
+    """Per recipe, the median of each figure over its seeds (NaN, not reached, counts as the largest)."""
+    keys = ["steps", "tokens", "seconds", "final_val_loss", "tokens_per_s", "wall_s", "peak_mib"]
+    out = []
+    for recipe in recipes:
+        mine = [row for row in table if row["recipe"] == recipe]
+        med = {k: statistics.median([math.inf if math.isnan(row[k]) else row[k] for row in mine]) for k in keys}
+        out.append({"recipe": recipe, "seeds": len(mine), "reached": sum(not math.isnan(r["steps"]) for r in mine),
+                    **{k: math.nan if math.isinf(v) else v for k, v in med.items()}})
+    return out
+
+
+def run(cfg: TimeToLossConfig, log: Callable[[str], None] = print) -> str:
+    """Every (seed, recipe) run in turn, then the report; returns the markdown it also writes."""
+    from gpt.arena.time_to_loss_report import write_report
+
+    results = [train_one(cfg, recipe, seed, log) for seed in cfg.seeds for recipe in cfg.recipes]
+    target = cfg.target
+    if target is None:
+        target = statistics.median(r["summary"]["final_val_loss"] for r in results if r["recipe"] == cfg.recipes[0])
+    table = rows(results, target)
+    return write_report(Path(cfg.out_dir), cfg, results, table, medians(table, cfg.recipes), target)

@@ -1,0 +1,139 @@
+"""Chat templates: a checkpoint's Jinja template (its tokenizer description's ``chat_template``, the source string
+transformers keeps in tokenizer_config.json) turns a conversation into the prompt text, and says how a reply ends.
+
+The template is untrusted (it comes from a file): it is rendered in Jinja's immutable sandbox inside a process of
+its own (gpt/inference/template_worker.py), with its memory capped and its time limited; the server only reads back the
+text. Special tokens the tokenizer reserves (ChatML's <|im_start|> and <|im_end|>, end-of-text) are inserted by id
+where the template writes them; a message holding one's text is refused, so no message can forge a turn.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpt.tokenizers.tokenizer import Tokenizer
+
+MAX_SOURCE_CHARS = 64 * 1024  # a template is a few hundred to a few thousand characters
+RENDER_SECONDS = 2.0  # one rendering takes about a millisecond; a runaway loop is stopped here
+RENDER_MEMORY = 512 * 2**20  # the renderer process's address space
+START_SECONDS = 60.0  # the renderer's start (a Python interpreter importing Jinja), however loaded the machine
+END_OF_TURN = "<|im_end|>"  # ChatML's end of a message: a chat reply stops there
+WORKER = Path(__file__).with_name("template_worker.py")
+
+
+class ChatTemplateError(Exception):
+    """The template is unusable, or refused this conversation (its raise_exception, a limit): a 400 for the client."""
+
+
+class Renderer:
+    """The process that renders templates: started on first use, killed when a rendering overruns, then restarted."""
+
+    def __init__(self, seconds: float = RENDER_SECONDS, memory: int = RENDER_MEMORY) -> None:
+        self.seconds, self.memory = seconds, memory
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one request at a time on the pipe
+
+    def ask(self, request: dict[str, Any]) -> str:
+        """Send one request and return the text of the answer (ChatTemplateError with the worker's message)."""
+        with self._lock:
+            process = self._start()
+            assert process.stdin is not None and process.stdout is not None
+            try:
+                process.stdin.write(json.dumps(request) + "\n")
+                process.stdin.flush()
+                ready, _, _ = select.select([process.stdout], [], [], self.seconds)
+                line = process.stdout.readline() if ready else ""
+            except OSError:  # the worker died (a memory cap it could not even report)
+                line = ""
+            if not line:
+                self.close()
+                raise ChatTemplateError(f"the chat template ran longer than {self.seconds:g} s or exhausted its "
+                                        "renderer's memory, and was stopped")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise ChatTemplateError(answer["error"])
+        return answer["text"]
+
+    def _start(self) -> subprocess.Popen:
+        """The worker, started if needed and waited for until it has imported Jinja (not part of any time limit)."""
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
+                [sys.executable, "-I", str(WORKER), str(self.memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True, encoding="utf-8")
+            assert self._process.stdout is not None
+            ready, _, _ = select.select([self._process.stdout], [], [], START_SECONDS)
+            if not ready or not self._process.stdout.readline():
+                self.close()
+                raise ChatTemplateError("the chat template renderer did not start (is jinja2 installed?)")
+        return self._process
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            for pipe in (self._process.stdin, self._process.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self._process = None
+
+
+def special_tokens(tokenizer: Tokenizer) -> dict[str, int]:
+    """The tokens that stand for no text, by their text: the tokenizer's own list, or its end-of-text."""
+    specials = getattr(tokenizer, "special_tokens", None)
+    if specials:
+        return dict(specials)
+    eot = tokenizer.eot_token
+    return {tokenizer.token_bytes(eot).decode("utf-8", "replace"): eot} if eot is not None else {}
+
+
+class ChatTemplate:
+    """A checkpoint's chat template (checked to compile), the variables it is rendered with, and how a reply ends:
+    at end-of-text or ChatML's <|im_end|>, by token id where the tokenizer reserves them, else as stop strings."""
+
+    def __init__(self, source: Any, tokenizer: Tokenizer, meta: dict[str, Any], renderer: Renderer) -> None:
+        if not isinstance(source, str) or not source.strip():
+            raise ChatTemplateError("the checkpoint's chat_template is not a template string")
+        if len(source) > MAX_SOURCE_CHARS:
+            raise ChatTemplateError(f"the checkpoint's chat_template has {len(source):,} characters "
+                                    f"(at most {MAX_SOURCE_CHARS:,})")
+        self.source, self.tokenizer, self.renderer = source, tokenizer, renderer
+        renderer.ask({"source": source})  # compiles it, or says why not
+        self.specials = special_tokens(tokenizer)
+        eot = tokenizer.eot_token
+        eos = meta.get("eos_token") or (tokenizer.token_bytes(eot).decode("utf-8", "replace") if eot is not None
+                                        else "")
+        self.variables = {"bos_token": meta.get("bos_token") or eos, "eos_token": eos,
+                          "special_tokens": sorted(self.specials)}
+        ends = [t for t in (eos, END_OF_TURN) if t]
+        self.stop_tokens = frozenset(self.specials[t] for t in ends if t in self.specials)
+        self.stop = tuple(t for t in ends if t not in self.specials and t in source)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text for these messages, ending where the assistant's reply begins. A message whose text holds
+        a special token's text is refused: encode() would turn it into the token, letting text forge a turn."""
+        for i, message in enumerate(messages):
+            forged = [s for s in self.specials if s in message.get("content", "")]
+            if forged:
+                raise ChatTemplateError(f"messages.{i}.content holds the text of the special token {forged[0]}, "
+                                        "which only the chat template may write")
+        return self.renderer.ask({"source": self.source, "messages": messages, "variables": self.variables})
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt: special tokens by id, the text between them by the tokenizer."""
+        if not self.specials:
+            return self.tokenizer.encode(text)
+        pattern = "|".join(re.escape(s) for s in sorted(self.specials, key=len, reverse=True))
+        ids: list[int] = []
+        for piece in re.split(f"({pattern})", text):
+            if piece in self.specials:
+                ids.append(self.specials[piece])
+            elif piece:
+                ids.extend(self.tokenizer.encode(piece))
+        return ids

@@ -1,0 +1,149 @@
+"""Autoregressive decoding: prefill the prompt, then one token per step against the KV cache.
+
+``prefill`` and ``decode_step`` are the two model calls, kept apart so each can be compiled on its own
+(the prompt's shape varies, a decode step's does not: the cache reads fixed shapes, so ``compiled_decode_step``
+compiles it once, gpt-fast's decode_one_token). ``stream`` builds the loop on them: left padding
+for prompts of different lengths, a context window that slides past block_size, stop tokens. Turning
+logits into a token is gpt.inference.sampling's job; the model itself knows nothing of either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from gpt.inference.sampling import check_sampling, sample_next
+from gpt.kernels.backends import compute_dtype, pin_for
+from gpt.model import GPT
+from gpt.model.kv_cache import KVCache
+from gpt.tokenizers.tokenizer import Tokenizer
+
+
+@torch.no_grad()
+def prefill(model: GPT, idx: Tensor, positions: Tensor, key_mask: Tensor | None, cache: KVCache | None) -> Tensor:
+    """Run the prompts idx (B, T) at positions (B, T), filling the cache if given; the next token's logits (B, vocab).
+
+    key_mask (B, T) is False on left padding (None: no padding).
+    """
+    logits, _ = model(idx, positions=positions, key_mask=key_mask, cache=cache)
+    return logits[:, -1, :]
+
+
+@torch.no_grad()
+def decode_step(model: GPT, token: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+    """Feed one token per row, token and positions (B, 1), against the cached keys; the next logits (B, vocab)."""
+    logits, _ = model(token, positions=positions, cache=cache)
+    return logits[:, -1, :]
+
+
+def compiled_decode_step(**options) -> Callable[[GPT, Tensor, Tensor, KVCache], Tensor]:
+    """decode_step under torch.compile with fullgraph=True: one compilation serves every step of every sequence of
+    the same batch size (a one-token step reads every cache slot, the token count is a tensor). ``options`` go to
+    torch.compile (backend, mode)."""
+    return torch.compile(decode_step, fullgraph=True, **options)
+
+
+def left_pad(rows: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Token ids (B, T) padded on the left, the key mask (None when nothing is padded) and positions (B, T).
+
+    Each row's first real token gets position 0, so a padded row sees exactly what it would see alone.
+    """
+    width = max(len(r) for r in rows)
+    idx = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
+    if all(len(r) == width for r in rows):
+        return idx, None, torch.arange(width, device=device).expand(len(rows), width)
+    key_mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=device)
+    return idx, key_mask, (key_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def slide(rows: list[list[int]], starts: list[int], block_size: int) -> bool:
+    """Move the start of every row whose context outgrew block_size so its last block_size // 2 tokens remain.
+
+    Returns whether any row moved (its cached keys then no longer match its positions).
+    """
+    slid = False
+    for i, row in enumerate(rows):
+        if len(row) - starts[i] > block_size:
+            starts[i], slid = len(row) - block_size // 2, True
+    return slid
+
+
+@torch.no_grad()
+def stream(
+    model: GPT,
+    prompts: Tensor | list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    stop_token: int | None = None,
+    kv_cache: bool = True,
+    vocab_limit: int | None = None,
+    step: Callable[[GPT, Tensor, Tensor, KVCache], Tensor] = decode_step,
+) -> Iterator[Tensor]:
+    """Yield the next token of every prompt as a (B, 1) tensor, one step at a time.
+
+    prompts: a (B, T) tensor, or token-id lists of different lengths (left-padded into one batch).
+    Context: when a row's context would exceed block_size, its oldest tokens are dropped so that the
+    last block_size // 2 remain (the window slides by half), the same with or without the cache and
+    whatever the other rows do. With kv_cache the context is prefilled once and each step then feeds
+    one token per row; after a slide the cache is rebuilt. Stops once every row produced stop_token.
+    vocab_limit: only ids below it are sampled (a vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
+    step: the decoding step (decode_step, or compiled_decode_step()).
+    """
+    check_sampling(temperature, top_k, top_p)
+    device = next(model.parameters()).device
+    rows = prompts.tolist() if isinstance(prompts, Tensor) else [list(p) for p in prompts]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("every prompt needs at least one token")
+    starts = [0] * len(rows)  # where each row's context begins
+    finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    cache: KVCache | None = None  # the first step always prefills, so next_token is set before a decode
+    next_token = positions = torch.empty(0, dtype=torch.long, device=device)
+    decode_pin = pin_for(model.config.attention, model.config.attention_backend, device,  # held by a compiled step too
+                         compute_dtype(device, next(model.parameters()).dtype), decoding=True)
+    for _ in range(max_new_tokens):
+        slid = slide(rows, starts, model.config.block_size)
+        if cache is None or slid:  # prefill (every step without a cache: recompute the context)
+            idx, key_mask, positions = left_pad([row[start:] for row, start in zip(rows, starts)], device)
+            cache = KVCache(model.config, len(rows), device) if kv_cache else None
+            logits = prefill(model, idx, positions, key_mask, cache)
+        else:  # decode: one new token per row against the cached keys
+            positions = positions[:, -1:] + 1
+            with decode_pin:
+                logits = step(model, next_token, positions, cache)
+        next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
+        for row, token in zip(rows, next_token.flatten().tolist()):
+            row.append(token)
+        yield next_token
+        if stop_token is not None:
+            finished |= next_token.squeeze(1) == stop_token
+            if finished.all():
+                return
+
+
+def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+    """idx (B, T) extended by up to max_new_tokens sampled tokens; keyword arguments as for stream()."""
+    new = list(stream(model, idx, max_new_tokens, **kwargs))
+    return torch.cat([idx, *new], dim=1)
+
+
+def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, **kwargs) -> list[list[int]]:
+    """Prompts of different lengths in one batch: each prompt followed by its sampled tokens."""
+    new = torch.cat(list(stream(model, prompts, max_new_tokens, **kwargs)), dim=1).tolist()
+    return [list(p) + n for p, n in zip(prompts, new)]
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """Token ids of a prompt; an empty prompt starts from end-of-text (BPE) or a newline (characters)."""
+    if prompt:
+        return tokenizer.encode(prompt)
+    if tokenizer.eot_token is not None:
+        return [tokenizer.eot_token]
+    if "\n" in getattr(tokenizer, "stoi", {}):
+        return tokenizer.encode("\n")
+    return [0]

@@ -1,0 +1,107 @@
+"""Sample from a trained model as text: the body of scripts/generate.py (loading is gpt.weights.load.load_model)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, TextIO
+
+import torch
+
+from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resolve_precision
+from gpt.errors import ConfigError, UserError, check_positive
+from gpt.inference.decoding import prompt_ids, stream
+from gpt.inference.sampling import check_sampling
+from gpt.inference.text import TextStream, unescape
+from gpt.model import GPT
+from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
+from gpt.tokenizers import tokenizer as tok
+from gpt.weights.load import load_model
+
+
+@dataclass
+class GenerateConfig(ScriptConfig):
+    """scripts/generate.py's settings (configs/generate.yaml), checked as they are built."""
+
+    ckpt: str = MISSING  # a run directory (best.pt, else ckpt.pt), a .pt file, an exported folder, or gpt2*
+    init_path: Optional[str] = None  # with ckpt=gpt2*: a local Hugging Face GPT-2 folder or .safetensors file
+    prompt: str = ""  # empty: start from a newline (character models) or end-of-text (GPT-2 BPE)
+    prompt_file: Optional[str] = None  # read the prompt from a file; - for standard input
+    interactive: bool = False  # a prompt loop on standard input
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0: greedy
+    top_k: Optional[int] = 200
+    top_p: Optional[float] = None  # nucleus sampling, in (0, 1]
+    stop: list[str] = field(default_factory=list)  # stop before any of these strings
+    kv_cache: bool = True  # false: recompute the whole context at every step
+    num_samples: int = 1
+    seed: int = 1337
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    model: Optional[AttentionConfig] = None  # attention=<kernel>: run the weights with it (None: as trained)
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+
+    def __post_init__(self) -> None:
+        check_positive(self, "max_new_tokens", "num_samples")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+
+
+def read_prompt(cfg: GenerateConfig) -> str:
+    """The prompt from prompt_file (a path, or - for standard input) or from prompt (\\n and \\t unescaped)."""
+    if cfg.prompt_file is not None:
+        if cfg.prompt_file == "-":
+            return sys.stdin.read()
+        path = Path(cfg.prompt_file).expanduser()
+        if not path.is_file():
+            raise UserError(f"prompt_file {str(path)!r} does not exist",
+                            hint="give a text file, or prompt_file=- for standard input")
+        return path.read_text(encoding="utf-8", errors="replace")
+    return unescape(cfg.prompt)
+
+
+def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cfg: GenerateConfig,
+              generator: torch.Generator, ctx) -> None:
+    """Write the prompt and then one sample to ``out`` as it is produced."""
+    device = next(model.parameters()).device
+    ids = prompt_ids(tokenizer, prompt)
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        print(f"warning: the prompt has {len(ids)} tokens; keeping its last {block_size} (block_size)", file=sys.stderr)
+        ids = ids[-block_size:]
+    out.write(tokenizer.decode(ids) if prompt else "")
+    text = TextStream(tokenizer, out, [unescape(s) for s in cfg.stop])
+    start = torch.tensor([ids], device=device)
+    with ctx:
+        for token in stream(model, start, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                            top_p=cfg.top_p, generator=generator, stop_token=tokenizer.eot_token,
+                            kv_cache=cfg.kv_cache, vocab_limit=tokenizer.vocab_size):
+            token = int(token)
+            if token == tokenizer.eot_token or not text.add(token):
+                break
+    text.close()
+    out.write("\n")
+
+
+def run(cfg: GenerateConfig) -> None:
+    """scripts/generate.py: load the model, print num_samples samples (or a prompt loop)."""
+    device = resolve_device(cfg.device.type)
+    ctx = autocast(device, resolve_precision(cfg.precision, device))
+    kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
+    model, tokenizer = load_model(cfg.ckpt, device, kernel, backend, cfg.init_path)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    out = sys.stdout
+    if cfg.interactive:
+        while True:
+            out.write("prompt> ")
+            out.flush()
+            line = sys.stdin.readline()
+            if not line or not line.strip():
+                return
+            sample_to(out, model, tokenizer, unescape(line.rstrip("\n")), cfg, generator, ctx)
+    prompt = read_prompt(cfg)
+    for i in range(cfg.num_samples):
+        sample_to(out, model, tokenizer, prompt, cfg, generator, ctx)
+        if i < cfg.num_samples - 1:
+            out.write("-" * 40 + "\n")

@@ -1,0 +1,210 @@
+"""format=hf for every design: the transformers architecture that computes a model's forward exactly, and the folder
+it is written as; and the way back, which reads weights and this project's own config only (never code).
+
+Three targets, tried in order: GPT-2 (gpt.interop.hf: GPT2LMHeadModel), Starcoder2 (RoPE with grouped-query heads and a
+sliding window: Starcoder2ForCausalLM), and remote code (GPTAttentionForCausalLM: gpt/interop/modeling/core.py
+plus each design's registered part, ``Design.modeling``, loaded with ``trust_remote_code=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpt.errors import UserError
+from gpt.interop import hf
+from gpt.model import design as designs
+from gpt.model.config import GPTConfig
+
+MODELING = "modeling_gpt_attention.py"  # the remote-code export's modeling file
+DESIGN_FILE = "design_{}.py"  # each active design's part beside it
+STARCODER2_ACT = {"gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu", "relu2": "relu2"}  # transformers' ACT2FN names
+ROPE_THETA = 10000.0  # gpt.designs.rope's base
+WHAT = {"gpt2": "transformers GPT2LMHeadModel (standard architecture)",
+        "starcoder2": "transformers Starcoder2ForCausalLM (standard architecture)",
+        "remote": f"remote code: {MODELING} in the folder, load with trust_remote_code=True"}
+
+
+def starcoder2_mismatch(config: GPTConfig) -> str | None:
+    """Why Starcoder2 does not compute this model exactly (None: it does): RoPE must be the only design."""
+    names = [d.name for d in designs.active(config)]
+    if names != ["rope"]:
+        return f"Starcoder2 is RoPE alone, this model has designs {names or 'none'}"
+    return None
+
+
+def choose(config: GPTConfig) -> str:
+    """The target that computes this model exactly: gpt2, starcoder2 or remote; a one-line UserError if none does."""
+    try:
+        hf.check_representable(config)
+        return "gpt2"
+    except UserError:
+        pass
+    if starcoder2_mismatch(config) is None:
+        return "starcoder2"
+    missing = [d for d in designs.active(config) if not d.modeling]
+    if missing:
+        d = missing[0]
+        raise UserError(f"{d.setting(config)} cannot be exported for transformers: no standard architecture holds "
+                        f"design {d.name} and it registers no modeling source (Design.modeling)",
+                        hint="pass format=native, or give the design a modeling file (docs/designs.md)")
+    for d in designs.active(config):
+        if not Path(d.modeling).is_file():
+            raise UserError(f"design {d.name}'s modeling source {d.modeling} does not exist",
+                            hint="fix Design.modeling, or pass format=native")
+    return "remote"
+
+
+def meta(config: GPTConfig, tokenizer: dict[str, Any], target: str) -> dict[str, Any]:
+    """This project's own description in config.json (hf.META_KEY): what the project reads back."""
+    return {"format": "gpt-attention/1", "target": target, "model_config": config.to_dict(),
+            "tokenizer": hf.reference(tokenizer)}
+
+
+def common(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    eot = hf.eot_id(tokenizer)
+    return {"vocab_size": config.vocab_size, "tie_word_embeddings": config.tie_head, "bos_token_id": eot,
+            "eos_token_id": eot, "dtype": str(dtype).removeprefix("torch."), "use_cache": True}
+
+
+# --- Starcoder2 ---------------------------------------------------------------------------------------------------
+
+def starcoder2_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    return {"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", **common(config, tokenizer, dtype),
+            "hidden_size": config.n_embd, "intermediate_size": 4 * config.n_embd, "num_hidden_layers": config.n_layer,
+            "num_attention_heads": config.n_head, "num_key_value_heads": config.n_kv_head,
+            "hidden_act": STARCODER2_ACT[config.activation], "max_position_embeddings": config.block_size,
+            "norm_epsilon": hf.LAYER_NORM_EPS, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "sliding_window": config.window, "use_bias": config.bias, "attention_dropout": config.dropout,
+            "residual_dropout": config.dropout, "embedding_dropout": config.dropout}
+
+
+def to_starcoder2(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    """Starcoder2ForCausalLM's state dict: c_attn split into q/k/v, LayerNorm biases (zero for bias=false)."""
+    C, kv = config.n_embd, config.n_kv_head * config.head_dim
+    out = {"model.embed_tokens.weight": state["transformer.wte.weight"]}
+    if not config.tie_head:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    renames = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_proj": "self_attn.o_proj",
+               "mlp.c_fc": "mlp.c_fc", "mlp.c_proj": "mlp.c_proj"}
+    for i in range(config.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        for kind in ("weight", "bias"):
+            if ours + f"attn.c_attn.{kind}" in state:
+                q, k, v = state[ours + f"attn.c_attn.{kind}"].split([C, kv, kv])
+                out.update({theirs + f"self_attn.{n}_proj.{kind}": t for n, t in zip("qkv", (q, k, v))})
+            for a, b in renames.items():
+                if ours + f"{a}.{kind}" in state:
+                    out[theirs + f"{b}.{kind}"] = state[ours + f"{a}.{kind}"]
+        for ln in ("input_layernorm", "post_attention_layernorm"):
+            out.setdefault(theirs + f"{ln}.bias", torch.zeros(C, dtype=out[theirs + f"{ln}.weight"].dtype))
+    out["model.norm.weight"] = state["transformer.ln_f.weight"]
+    out["model.norm.bias"] = state.get("transformer.ln_f.bias", torch.zeros_like(state["transformer.ln_f.weight"]))
+    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+def from_starcoder2(tensors: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    """The inverse of to_starcoder2 for a model whose config (this project's, from config.json) is known."""
+    state = {"transformer.wte.weight": tensors["model.embed_tokens.weight"]}
+    names = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2", "self_attn.o_proj": "attn.c_proj",
+             "mlp.c_fc": "mlp.c_fc", "mlp.c_proj": "mlp.c_proj"}
+    kinds = ("weight", "bias") if config.bias else ("weight",)
+    for i in range(config.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        for kind in kinds:
+            state[ours + f"attn.c_attn.{kind}"] = torch.cat([tensors[theirs + f"self_attn.{n}_proj.{kind}"]
+                                                             for n in "qkv"])
+            for b, a in names.items():
+                state[ours + f"{a}.{kind}"] = tensors[theirs + f"{b}.{kind}"]
+    state["transformer.ln_f.weight"] = tensors["model.norm.weight"]
+    if config.bias:
+        state["transformer.ln_f.bias"] = tensors["model.norm.bias"]
+    state["lm_head.weight"] = state["transformer.wte.weight"] if config.tie_head else tensors["lm_head.weight"]
+    return state
+
+
+# --- remote code --------------------------------------------------------------------------------------------------
+
+def remote_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    auto = {"AutoConfig": f"{MODELING[:-3]}.GPTAttentionConfig",
+            "AutoModelForCausalLM": f"{MODELING[:-3]}.GPTAttentionForCausalLM"}
+    return {"architectures": ["GPTAttentionForCausalLM"], "model_type": "gpt_attention", "auto_map": auto,
+            **common(config, tokenizer, dtype), "model_config": config.to_dict(),
+            "designs": [d.name for d in designs.active(config)]}
+
+
+def remote_files(config: GPTConfig) -> dict[str, str]:
+    """modeling_gpt_attention.py (the core, its DESIGN_PARTS filled in) and each active design's part file."""
+    core = Path(designs.modeling_file("core")).read_text()
+    active = designs.active(config)
+    lines = [f"from .{DESIGN_FILE.format(d.name)[:-3]} import Part as _{d.name}" for d in active]
+    table = "DESIGN_PARTS: dict = {" + ", ".join(f'"{d.name}": _{d.name}' for d in active) + "}"
+    marker = re.search(r"^DESIGN_PARTS: dict = \{\}.*$", core, flags=re.M)
+    files = {MODELING: core[:marker.start()] + "\n".join([*lines, table]) + core[marker.end():]}
+    for d in active:
+        files[DESIGN_FILE.format(d.name)] = Path(d.modeling).read_text()
+    return files
+
+
+def remote_state(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    """The project's own names; a tied head stored once (transformers ties it back)."""
+    return {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight" or not config.tie_head}
+
+
+def write(target: str, state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out: Path) -> None:
+    """Write a starcoder2 or remote export folder (GPT-2's is gpt.weights.load.export's)."""
+    tensors = to_starcoder2(state, config) if target == "starcoder2" else remote_state(state, config)
+    dtype = state["transformer.wte.weight"].dtype
+    cfg = (starcoder2_config if target == "starcoder2" else remote_config)(config, tokenizer, dtype)
+    cfg[hf.META_KEY] = meta(config, tokenizer, target)
+    files = {**hf.tokenizer_files(tokenizer, config.block_size),
+             "generation_config.json": json.dumps(hf.generation_config(config, tokenizer), indent=1),
+             **(remote_files(config) if target == "remote" else {}),
+             "config.json": json.dumps(cfg, indent=1, ensure_ascii=False)}
+    hf.write_folder(out, tensors, {"format": "pt"}, files)
+
+
+# --- reading back: weights and this project's config.json entry, never the modeling file --------------------------
+
+def is_folder(path: str | Path) -> bool:
+    """A starcoder2 or remote-code export written here: config.json with our description, and weights."""
+    path = Path(path)
+    if not (path.is_dir() and (path / "config.json").is_file() and (path / hf.WEIGHTS).is_file()):
+        return False
+    try:
+        cfg = hf.read_json(path / "config.json")
+    except UserError:
+        return False
+    return cfg.get("model_type") in ("starcoder2", "gpt_attention") and isinstance(cfg.get(hf.META_KEY), dict)
+
+
+def read_folder(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any], str]:
+    """The project's GPTConfig, state dict, tokenizer description and target of such a folder."""
+    from gpt.weights import checkpoint
+
+    folder = Path(path)
+    cfg = hf.read_json(folder / "config.json")
+    own = cfg[hf.META_KEY]
+    if not isinstance(own.get("model_config"), dict) or own.get("target") not in ("starcoder2", "remote"):
+        raise UserError(f"{folder / 'config.json'}: {hf.META_KEY} must name a target and hold a model_config object",
+                        hint="the file was edited or damaged: export the model again")
+    config = checkpoint.model_config_from(own["model_config"], folder / "config.json")
+    tensors = hf.load_safetensors(folder / hf.WEIGHTS)
+    if own["target"] == "starcoder2":
+        try:
+            state = from_starcoder2(tensors, config)
+        except KeyError as err:
+            raise UserError(f"{folder / hf.WEIGHTS} has no tensor {err}", hint="export the model again") from None
+        except RuntimeError as err:  # q, k, v projections whose shapes do not stack
+            raise UserError(f"{folder / hf.WEIGHTS}: {str(err).splitlines()[0]}",
+                            hint="the file was edited or damaged: export the model again") from None
+    else:
+        state = dict(tensors)
+        if config.tie_head and "transformer.wte.weight" in state:
+            state["lm_head.weight"] = state["transformer.wte.weight"]
+    return config, state, hf.attach(own.get("tokenizer"), folder), own["target"]

@@ -1,0 +1,201 @@
+"""GPTConfig: the model's architecture, validated on construction so a bad value fails early and clearly.
+
+Also the model's config group as the scripts see it (ModelConfig: vocab_size may come from the data), the
+attention group (AttentionConfig), written into it, and what every script's config shares (ScriptConfig).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, ClassVar, Optional
+
+from gpt import kernels as attention
+from gpt.errors import ConfigError
+from gpt.model import design as designs
+
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
+MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
+
+
+@dataclass
+class GPTConfig:
+    """Shape of a GPT-2 style model. Defaults are GPT-2 small (124M).
+
+    The fields after ``window`` belong to the attention designs (gpt.designs), which check them: each built-in
+    design's switch and settings, then the designs a user brought by name and their options.
+    """
+
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024
+    vocab_size: int = 50257
+    dropout: float = 0.0
+    bias: bool = True
+    activation: str = "gelu_tanh"  # the MLP's: gelu_tanh (GPT-2's) | gelu (exact) | relu2 (ReLU squared)
+    tie_head: bool = True  # the output head is the token embedding (GPT-2); false: a head of its own
+    zero_init_proj: bool = False  # the blocks' output projections (c_proj) start at zero, not GPT-2's scaled normal
+    attention: str = "sdpa"
+    n_kv_head: Optional[int] = None  # key/value heads: None = n_head (GPT-2); fewer = grouped-query; 1 = multi-query
+    window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
+    sink_tokens: int = 0  # StreamingLLM: with a window, every query also sees the first N tokens (kept in the cache)
+    pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, on q and k) | alibi (score bias)
+    attention_backend: Optional[str] = None  # attention=sdpa only: pin flash | efficient | math | cudnn
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys (learned gains) before the dot product
+    attn_softcap: Optional[float] = None  # Gemma 2: scores -> cap * tanh(scores / cap); None = no cap
+    attn_sink: bool = False  # a learned sink logit per head joins every softmax (the weight may go nowhere)
+    diff_attn: bool = False  # Diff Transformer: two softmax maps from the halves of q and k, the second subtracted
+    linear_attn: Optional[str] = None  # causal linear attention with this feature map (elu1); None = softmax
+    mla_latent: Optional[int] = None  # multi-head latent attention: keys and values from a latent of this width
+    mla_rope_dim: Optional[int] = None  # MLA's decoupled rotary features per query and key; None = head_dim/2 (even)
+    designs: list[str] = field(default_factory=list)  # designs brought by the user, by name (docs/designs.md)
+    design_options: dict[str, Any] = field(default_factory=dict)  # their settings (defaults filled in)
+
+    # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
+    # fine-tuned run, or a sampling session, may set them anew (designs declare theirs: Design.runtime).
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window",
+                                                 "zero_init_proj")
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ConfigError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
+                f"pick n_head among {[h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]}"
+            )
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head <= 0:
+            raise ConfigError(f"model.n_kv_head must be a positive integer or null, got {self.n_kv_head!r}")
+        if self.n_head % self.n_kv_head != 0:
+            raise ConfigError(
+                f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head ({self.n_kv_head}); "
+                f"pick n_kv_head among {[h for h in range(1, self.n_head + 1) if self.n_head % h == 0]}"
+            )
+        window = self.window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+            raise ConfigError(f"model.window must be a positive integer or null, got {self.window!r}")
+        self._check_designs()
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        self._check_core_options()
+        self._check_kernel()
+
+    def _check_core_options(self) -> None:
+        """The MLP's activation and the head's and projections' switches."""
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        for name in ("tie_head", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+
+    def _check_designs(self) -> None:
+        """The attention designs' fields: the lists' types, a known position scheme, then each design's checks."""
+        if not isinstance(self.designs, list) or not all(isinstance(d, str) for d in self.designs):
+            raise ConfigError(f"model.designs must be a list of design names, got {self.designs!r}")
+        if not isinstance(self.design_options, dict):
+            raise ConfigError(f"model.design_options must be a mapping, got {self.design_options!r}")
+        schemes = ("learned", *(d.on for d in map(designs.get, designs.available()) if d.switch == "pos_embedding"))
+        if self.pos_embedding not in schemes:
+            raise ConfigError(f"model.pos_embedding must be one of {', '.join(schemes)}, got {self.pos_embedding!r}")
+        designs.check(self)
+
+    def _check_kernel(self) -> None:
+        """The kernel exists, its backend too, and it declares every option this model needs."""
+        if self.attention not in attention.available():
+            raise ConfigError(
+                f"unknown attention kernel {self.attention!r}; valid: {', '.join(attention.available())}"
+            )
+        if self.attention_backend is not None and self.attention_backend not in attention.backends(self.attention):
+            valid = attention.backends(self.attention)
+            raise ConfigError(
+                f"model.attention_backend={self.attention_backend} is not a backend of attention={self.attention}; "
+                + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
+            )
+        wanted = {}  # the kernel options this shape needs, checked against what the kernel declares
+        if self.window is not None:
+            wanted["window"] = (f"model.window={self.window}", "model.window=null")
+        if self.n_kv_head != self.n_head:
+            wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
+        wanted.update(designs.kernel_options(self))
+        attention.check_options(self.attention, wanted)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def runtime_fields(self) -> tuple[str, ...]:
+        """RUNTIME_FIELDS and the designs' runtime settings."""
+        return self.RUNTIME_FIELDS + designs.runtime_fields()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_runtime_of(self, other: GPTConfig) -> GPTConfig:
+        """This architecture with ``other``'s runtime choices (runtime_fields)."""
+        return replace(self, **{name: getattr(other, name) for name in self.runtime_fields()})
+
+    def shape_differences(self, other: GPTConfig | dict[str, Any]) -> list[str]:
+        """Fields (runtime ones aside) where ``other`` (e.g. a checkpoint's config) differs, as readable phrases."""
+        mine, theirs, unset = self.to_dict(), other if isinstance(other, dict) else other.to_dict(), "(not set)"
+        # a checkpoint from before a field existed holds its default (e.g. qk_norm=False)
+        defaults = {f.name: f.default if f.default is not NO_DEFAULT else f.default_factory()
+                    for f in fields(GPTConfig) if f.default is not NO_DEFAULT or f.default_factory is not NO_DEFAULT}
+        theirs = {**defaults, **theirs}
+        keys = sorted((set(mine) | set(theirs)) - set(self.runtime_fields()))
+        return [f"model.{k} is {theirs.get(k, unset)!r} in the checkpoint but {mine.get(k, unset)!r} now"
+                for k in keys if theirs.get(k, unset) != mine.get(k, unset)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
+        """Build from a dict, refusing keys that are not GPTConfig fields (a typo or a newer checkpoint)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+@dataclass
+class ModelConfig(GPTConfig):
+    """GPTConfig as the ``model=`` config group: vocab_size None means the data's tokenizer's vocabulary.
+
+    Validated on construction like GPTConfig (every field but the vocabulary, which the data settles).
+    """
+
+    vocab_size: Optional[int] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.build(self.vocab_size or 1)
+
+    def build(self, tokenizer_vocab: int) -> GPTConfig:
+        """The model's GPTConfig once the tokenizer's vocabulary is known (it may be padded, never smaller)."""
+        values = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
+        if values["vocab_size"] is None:
+            values["vocab_size"] = tokenizer_vocab
+        elif values["vocab_size"] < tokenizer_vocab:
+            raise ConfigError(f"model.vocab_size ({values['vocab_size']}) is smaller than the tokenizer's "
+                              f"vocabulary ({tokenizer_vocab})", hint="leave model.vocab_size unset, or raise it")
+        return GPTConfig(**values)
+
+
+@dataclass
+class ScriptConfig:
+    """What every script's config shares: ``designs=[my_design.py, ...]``, the files, package folders or module names
+    that register the attention designs a user brings (gpt.designs.loading; GPT_DESIGNS does the same)."""
+
+    designs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AttentionConfig:
+    """The ``attention=`` group (configs/attention/, package ``model``): the kernel, written straight into the model
+    config as model.attention and model.attention_backend. A script without a model config (generate) takes these
+    two alone, to run a checkpoint's weights with another kernel."""
+
+    attention: str = "sdpa"
+    attention_backend: Optional[str] = None  # sdpa only: flash | efficient | math | cudnn (None: torch chooses)

@@ -1,0 +1,219 @@
+"""The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks, tied output head.
+
+Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights map one to
+one. The attention formula lives in gpt.kernels (the kernels); the designs of gpt.designs act through the seams
+left here: a layer's parts, a layer class of their own, the Context's per-forward values, a cache kind. Beyond GPT-2
+only what every design shares: fewer key/value heads, a sliding window, a KV cache. No training, no sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt import kernels as attention
+from gpt.model import design as designs
+from gpt.model.activations import ACTIVATIONS
+from gpt.model.config import GPTConfig
+from gpt.model.kv_cache import KVCache, Step
+
+
+@dataclass
+class Context:
+    """What every layer of one forward pass shares, built once by GPT.forward; designs add theirs to ``extras``."""
+
+    positions: Tensor  # (T,) or (B, T): each token's position (a left-padded row's start at 0)
+    index: Tensor  # (T,) each token's index in the padded sequence (cache slots, distances)
+    key_mask: Tensor | None  # (B, Tk) True for real keys, or a whole (B|1, 1, T, Tk) mask; None: all real
+    token_mask: Tensor | None  # (B, T) which of these tokens are real; None: all
+    window: int | None  # the sliding window the kernel applies
+    start: int | None  # index of the first token; None in a compiled one-token step (index, a tensor, holds it)
+    cache: KVCache | None = None
+    extras: dict[str, Any] = field(default_factory=dict)  # per-forward values of designs: RoPE angles, a bias
+
+    def layer_cache(self, layer: int) -> Any:
+        return None if self.cache is None else self.cache.layers[layer]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one fused q/k/v projection, a pluggable kernel, the out projection.
+
+    With n_kv_head < n_head (grouped-query attention) c_attn projects to fewer key/value heads:
+    (n_head + 2 * n_kv_head) * head_dim outputs. Designs that are parts (``self.parts``) add parameters, transform
+    q and k and modify the scores; a design that changes the whole layer subclasses it and overrides ``qkv`` (the
+    projections) or ``attend`` (the attention itself).
+    """
+
+    recorded: list[Tensor] | None = None  # set by gpt.kernels.recording: weights of layers that use no kernel
+
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__()
+        self.layer = layer  # 0-based: the cache's layer, and for designs whose settings vary with depth
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.qk_dim = self.qk_width(config)  # features of one query or key as the parts see it
+        self.dropout = config.dropout
+        self.scale: float | None = None  # None: the kernel's 1/sqrt(q's width)
+        self.add_projections(config)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.kernel = attention.get(config.attention, config.attention_backend)
+        self.parts = designs.active(config)  # a plain list of Design objects: their hooks act on this layer
+        for part in self.parts:
+            part.build(self, config)
+
+    @classmethod
+    def qk_width(cls, config: GPTConfig) -> int:
+        return config.head_dim
+
+    def add_projections(self, config: GPTConfig) -> None:
+        qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
+        self.c_attn = nn.Linear(config.n_embd, qkv_dim, bias=config.bias)
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        """x (B, T, C) -> (B, T, C); with a cache, the new keys are stored and the queries attend to what it returns."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
+        y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        return self.resid_dropout(self.c_proj(y))
+
+    def qkv(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, C = x.shape
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+        # (B, T, heads * head_dim) -> (B, heads, T, head_dim)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = self.transform(q, k, ctx)
+        cache = ctx.layer_cache(self.layer)
+        if cache is not None:
+            k, v = cache.update(k, v, ctx)  # (B, nkv, Tk, hs): the prompt's own keys, or every cached one
+        return q, k, v
+
+    def transform(self, q: Tensor, k: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
+        """The parts' q/k transforms in turn (e.g. QK-norm, then RoPE). q (B, nh, T, d), k (B, nkv, T, d)."""
+        for part in self.parts:
+            q, k = part.qk(self, q, k, ctx)
+        return q, k
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> Tensor:
+        return self.kernel(q, k, v, **self.kernel_kwargs(ctx))
+
+    def kernel_kwargs(self, ctx: Context) -> dict[str, Any]:
+        """The kernel's keywords: the causal rule, masks, window, dropout, scale, and the parts' score modifiers
+        (none for GPT-2, so any kernel can run it)."""
+        mask = ctx.key_mask if ctx.key_mask is None or ctx.key_mask.dim() == 4 else ctx.key_mask[:, None, None, :]
+        kwargs = dict(causal=True, mask=mask, window=ctx.window, dropout_p=self.dropout if self.training else 0.0,
+                      scale=self.scale)
+        for part in self.parts:
+            kwargs.update(part.scores(self, ctx))
+        return kwargs
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: expand 4x, the activation (GPT-2's tanh GELU by default), project back."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.act = ACTIVATIONS[config.activation]
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """One transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        x = x + self.attn(self.ln_1(x), ctx)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer language model with GPT-2's architecture and parameter names."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
+        if not designs.positional(config):  # a positional design (e.g. RoPE) brings positions in elsewhere
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.transformer.drop = nn.Dropout(config.dropout)
+        self.transformer.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.transformer.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_head:
+            self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
+        self.designs = designs.active(config)  # whose per-forward values go into the Context
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2: / sqrt(2 * n_layer); zero_init_proj: std 0 (same draws)
+                nn.init.normal_(param, std=0.0 if config.zero_init_proj else 0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position embedding (the token one is tied to the head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *, positions: Tensor | None = None,
+                key_mask: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+        """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy if targets given.
+
+        For generation: positions (T,) or (B, T) (default: the next T after what the cache holds),
+        key_mask (B, T) marking real tokens of left-padded rows, and a KVCache to fill and reuse.
+        """
+        ctx = self.context(idx, positions, key_mask, cache)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(ctx.positions)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, ctx)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+    def context(self, idx: Tensor, positions: Tensor | None, key_mask: Tensor | None,
+                cache: KVCache | None) -> Context:
+        """The Context of this pass: the cache's bookkeeping once for all layers, then the designs' values."""
+        T = idx.size(1)
+        if cache is not None:
+            step = cache.step(T, key_mask)
+        elif positions is None and T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        else:
+            step = Step(0, torch.arange(T, device=idx.device), key_mask, key_mask, self.config.window)
+        ctx = Context(step.index if positions is None else positions, step.index, step.key_mask, step.token_mask,
+                      step.window, step.start, cache)
+        for design in self.designs:
+            design.context(ctx, self.config)
+        return ctx

@@ -1,0 +1,154 @@
+"""A KV cache for incremental decoding: each layer's keys and values, preallocated, filled as tokens arrive.
+
+The prompt is prefilled once; each later step feeds one token and attends to the cached keys. Grouped-query
+models cache only their n_kv_head heads. A sliding-window model keeps only the last `window` keys in a ring
+buffer (slot = index % window): a one-token step may attend to all of them, so their order does not matter.
+
+Under torch.compile a one-token step reads fixed shapes (gpt-fast's way): it attends to every slot, with a mask of
+the filled ones, and the token count is a tensor (``pos``), so a compiled ``decode_step`` runs every step with one
+compilation; eager steps read only the filled slots (no mask at all when nothing is padded).
+Each layer's LayerKV holds its own two buffers and nothing else; the KVCache keeps what the layers share (how
+many tokens were seen, which slots hold real ones). A design may keep something else per layer (its ``cache``
+kind: latents, a running state, sink tokens' keys), with LayerKV's interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from gpt import designs
+from gpt.model.config import GPTConfig
+
+Context = Any  # gpt.model.Context (a Step's fields and the model's): the model imports this module, not the reverse
+
+
+class Step(NamedTuple):
+    """What the cache tells a forward pass about its tokens (gpt.model.Context takes these fields)."""
+
+    start: int | None  # index of the first new token; None for a one-token decoding step (``index`` says it)
+    index: Tensor  # (T,) the new tokens' indices in the (left-padded) sequence
+    key_mask: Tensor | None  # (B, Tk) which keys the layers get back are real; None: all
+    token_mask: Tensor | None  # (B, T) which new tokens are real; None: all
+    window: int | None  # the window the kernel still applies (None once a ring holds only the window)
+
+
+def write(store: Tensor, new: Tensor, start: int, dim: int) -> None:
+    """Put positions start.. of `new` (along `dim`) into `store` at slot position % slots, keeping the last `slots`.
+
+    A store of block_size slots never wraps; a ring of `window` slots does once positions pass its size.
+    """
+    size, n = store.size(dim), new.size(dim)
+    first = start % size
+    if first + n <= size:  # one contiguous run of slots: every write but a prompt longer than a ring
+        store.narrow(dim, first, n).copy_(new)
+        return
+    keep_n = min(n, size)
+    slots = torch.arange(start + n - keep_n, start + n, device=store.device) % size
+    store.index_copy_(dim, slots, new.narrow(dim, n - keep_n, keep_n))
+
+
+def keep(store: Tensor | None, new: Tensor, ctx: Context, dim: int, size: int) -> tuple[Tensor, Tensor]:
+    """Store the new tokens' tensor (tokens along ``dim``) in ``store`` (``size`` slots, allocated on first use);
+    returns the store and what these queries attend to: the prompt's own, every slot in a fixed-shape step (the
+    cache's key mask hides empty ones), else the filled slots."""
+    if store is None:
+        shape = list(new.shape)
+        shape[dim] = size
+        store = new.new_zeros(shape)
+    if ctx.start is None:  # one token at a tensor index: no Python number changes from step to step
+        store.index_copy_(dim, ctx.index % size, new)
+        return store, store
+    write(store, new, ctx.start, dim)
+    if ctx.start == 0:
+        return store, new
+    return store, store.narrow(dim, 0, min(ctx.start + new.size(dim), size))
+
+
+class LayerKV:
+    """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype."""
+
+    def __init__(self, config: GPTConfig, cache: KVCache) -> None:
+        self.size = self.tokens = cache.size  # slots; tokens its bytes stand for (the arena's bytes per token)
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @classmethod
+    def bytes_per_token(cls, config: GPTConfig, number_bytes: int) -> float:
+        """Bytes one layer keeps per cached token (gpt.memory's KV-cache line)."""
+        return 2 * config.n_kv_head * config.head_dim * number_bytes
+
+    def update(self, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, Hkv, T, D) of these tokens; return what the T queries attend to (see keep)."""
+        self.k, k = keep(self.k, k, ctx, 2, self.size)
+        self.v, v = keep(self.v, v, ctx, 2, self.size)
+        return k, v
+
+    def held_bytes(self) -> int:
+        """Bytes of the buffers (allocated for every slot at the first update)."""
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, Tensor))
+
+
+class KVCache:
+    """Keys and values of every layer for a batch of sequences of up to block_size tokens, and which are real."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
+        self.max_length = config.block_size
+        ring = config.window is not None and config.window < config.block_size
+        self.window = config.window if ring else None  # a ring of `window` slots; None: block_size slots in order
+        self.size = self.window or config.block_size  # slots kept per layer
+        self.started = False  # whether the prompt is in (then one-token steps decode)
+        self.padded = False  # whether the prompt was left-padded (else a prompt's kernels get no mask at all)
+        # tokens seen so far (indices in the padded batch), a tensor so a compiled decode_step advances it in place
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.key_mask = torch.zeros(batch_size, self.size, dtype=torch.bool, device=device)  # slot holds a real token
+        kind = designs.cache_kind(config) or LayerKV
+        self.layers = [kind(config, self) for _ in range(config.n_layer)]
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far (a Python number: reading it waits for the device, which sampling does anyway)."""
+        return int(self.pos)
+
+    def step(self, n: int, key_mask: Tensor | None) -> Step:
+        """Take the next n tokens (key_mask (B, n): False on left padding, None: all real).
+
+        The layers then attend to the prompt's own keys, or to the filled slots: the prompt's mask and the window,
+        later the mask of the cached keys (None when nothing is padded) and no window. Under torch.compile a
+        one-token step reads every slot instead (_fixed_step), so that no shape or Python number changes."""
+        if self.started and n == 1 and torch.compiler.is_compiling():
+            return self._fixed_step(key_mask)
+        start = self.length if self.started else 0
+        if start + n > self.max_length:
+            raise ValueError(f"KV cache overflow: {start} + {n} tokens exceed block_size {self.max_length}")
+        if self.window is not None and start > 0 and n != 1:
+            raise ValueError("a sliding-window cache takes one token at a time after the prompt")
+        if start == 0:
+            self.padded, self.started = key_mask is not None, True
+        write(self.key_mask, key_mask if key_mask is not None else self.key_mask.new_ones(len(self.key_mask), n),
+              start, dim=1)
+        self.pos.fill_(start + n)
+        index = torch.arange(start, start + n, device=self.pos.device)
+        if start == 0:
+            return Step(0, index, key_mask, key_mask, self.window)
+        filled = min(start + n, self.size)
+        return Step(start, index, self.key_mask[:, :filled] if self.padded else None, key_mask, None)
+
+    def _fixed_step(self, key_mask: Tensor | None) -> Step:
+        """One token at the tensor index ``pos``: every slot, with the mask of the filled ones (gpt-fast's way)."""
+        index = self.pos.view(1).clone()  # (1,)
+        new = key_mask if key_mask is not None else self.key_mask.new_ones(len(self.key_mask), 1)
+        self.key_mask.index_copy_(1, index % self.size, new)
+        self.pos.add_(1)
+        return Step(None, index, self.key_mask, key_mask, None)
+
+    def key_index(self, step: Step) -> Tensor:
+        """(Tk,) the sequence index of each key LayerKV.update returned for ``step``, in its order (ALiBi needs
+        each key's distance): the prompt's own keys, or every slot (slot s holds the latest index = s mod size)."""
+        if step.start == 0:
+            return step.index
+        filled = self.size if step.start is None else min(step.start + len(step.index), self.size)
+        last = step.index[-1]
+        return last - (last - torch.arange(filled, device=last.device)) % self.size

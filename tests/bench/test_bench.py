@@ -1,0 +1,158 @@
+"""The benchmarks through the real scripts in their quick modes, plus the pure helpers behind them."""
+
+import csv
+import re
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import ROOT, needs_gpt2, run_script
+from gpt import kernels as attention
+from gpt.bench.attention import BenchAttentionConfig, Result, tables
+from gpt.bench.train import BenchTrainConfig
+from gpt.errors import ConfigError
+from gpt.model.config import GPTConfig
+from gpt.schema import register, typed
+from gpt.train.metrics import PEAK_FLOPS, flops_per_token
+
+register()
+
+
+@pytest.mark.slow
+def test_bench_attention_quick_mode_writes_tables_csv_and_plots(tmp_path):
+    out = tmp_path / "attention"
+    result = run_script("bench_attention", "device=cpu", "seq_lens=[64,128]", "repeats=2", "warmup=1", "threads=1",
+                        f"out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    kernels = attention.available()
+    for kernel in kernels:
+        for mode in ("fwd", "fwd+bwd"):
+            assert f"| {kernel} | {mode} |" in result.stdout
+    assert "| kernel | mode | T=64 | T=128 |" in result.stdout and "peak MiB" in result.stdout
+    with open(out / "attention.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(kernels) * 2 * 2
+    by_case = {(r["kernel"], r["mode"], r["seq_len"]): r for r in rows}
+    for kernel in ("manual", "sdpa"):  # these run everywhere: figures, no note
+        for mode in ("fwd", "fwd+bwd"):
+            row = by_case[(kernel, mode, "128")]
+            assert float(row["median_ms"]) > 0 and float(row["peak_mib"]) > 0 and row["note"] == ""
+    # FlexAttention has no backward on CPU: the reason is the result, not a crash.
+    flex_backward = by_case[("flex", "fwd+bwd", "64")]
+    assert "backward" in flex_backward["note"] and flex_backward["median_ms"] == ""
+    assert float(by_case[("flex", "fwd", "64")]["median_ms"]) > 0
+    for name in ("attention_time.png", "attention_memory.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "attention.md").read_text().startswith("attention benchmark:")
+
+
+@pytest.mark.slow
+def test_bench_train_quick_mode_reports_each_variant(tmp_path):
+    out = tmp_path / "train"
+    result = run_script("bench_train", "device=cpu", "model=tiny", "batch_size=4", "steps=2", "warmup=1", "threads=1",
+                        "compile=[false]", "precisions=[fp32,fp16]", "activation_checkpointing=[false,true]",
+                        f"out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    assert "| eager | fp32 |" in result.stdout and "| eager | fp16 |" in result.stdout
+    assert "| eager + AC | fp32 |" in result.stdout
+    with open(out / "train.csv") as f:
+        table = list(csv.DictReader(f))
+    rows = {r["precision"]: r for r in table if r["activation_checkpointing"] == "False"}
+    checkpointed = next(r for r in table if r["activation_checkpointing"] == "True" and r["precision"] == "fp32")
+    assert float(checkpointed["loss"]) == float(rows["fp32"]["loss"])  # the same steps, recomputed
+    assert float(rows["fp32"]["tokens_per_s"]) > 0 and float(rows["fp32"]["ms_per_step"]) > 0
+    assert float(rows["fp32"]["peak_mib"]) > 0 and rows["fp32"]["note"] == ""
+    assert "fp16 needs a CUDA GPU" in rows["fp16"]["note"]  # cannot run here: says why
+    assert (out / "train.md").exists()
+
+
+@pytest.mark.slow
+def test_bench_decode_quick_mode():
+    result = run_script("bench_decode", "device=cpu", "model=tiny", "new_tokens=5", "prompt_lens=[1,8]", "repeats=1")
+    assert result.returncode == 0, result.stderr
+    assert "| prompt tokens | prefill ms |" in result.stdout
+    assert "| 1 |" in result.stdout and "| 8 |" in result.stdout
+
+
+def compose_bench(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("kernels=[nope]", "unknown attention kernel 'nope'"),
+    ("kernels=[manual:flash]", "has no backend 'flash'"),
+    ("modes=[backward]", "modes must be"),
+    ("dtype=fp64", "dtype must be one of"),
+    ("repeats=0", "repeats must be positive, got 0"),
+    ("max_seconds=nan", "max_seconds must be positive, got nan"),
+])
+def test_bench_attention_refuses_bad_settings_before_running(override, message):
+    with pytest.raises(ConfigError, match=message):
+        typed(compose_bench("bench_attention", override))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("seq_len=4096", "seq_len must be in 1..block_size (128)"),
+    ("precisions=[fp64]", "precisions must be a non-empty list"),
+    ("learning_rate=-1", "learning_rate must be positive, got -1"),
+])
+def test_bench_train_refuses_bad_settings_before_running(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        typed(compose_bench("bench_train", override))
+
+
+def test_bench_configs_compose_with_their_defaults():
+    cfg = typed(compose_bench("bench_attention"))
+    assert isinstance(cfg, BenchAttentionConfig)
+    assert cfg.kernels is None and cfg.seq_lens is None and list(cfg.modes) == ["fwd", "fwd+bwd"]
+    cfg = typed(compose_bench("bench_train", "model=gpt2", "compile=[true]"))
+    assert isinstance(cfg, BenchTrainConfig) and cfg.model.build(cfg.vocab_size).n_layer == 12
+    assert list(cfg.compile) == [True] and list(cfg.precisions) == ["fp32", "bf16"]
+
+
+def test_flops_per_token_is_six_n_plus_the_attention_term():
+    config = GPTConfig()  # GPT-2 124M
+    n = 124_000_000
+    assert flops_per_token(config, n, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert set(dict(PEAK_FLOPS)["H100"]) == {"bf16", "fp16", "fp32"}
+
+
+def test_tables_show_a_footnote_for_each_distinct_reason():
+    results = [
+        Result("sdpa", "fwd", 64, median_ms=1.5, peak_mib=2.0),
+        Result("flex", "fwd", 64, note="no backward here"),
+        Result("flex", "fwd+bwd", 64, note="no backward here"),
+        Result("manual", "fwd", 64, note="timeout"),
+    ]
+    text = tables(results, [64], compiled=False)
+    assert "| sdpa | fwd | 1.50 |" in text and "| flex | fwd+bwd | - [1] |" in text
+    assert "| manual | fwd | - [2] |" in text
+    assert "[1] no backward here" in text and "[2] timeout" in text
+
+
+@pytest.mark.slow
+@needs_gpt2
+def test_bench_data_prepares_with_each_thread_count_and_reports_medians_and_speedups(tmp_path):
+    result = run_script("bench_data", "--sizes", "1", "--procs", "1", "2", "--repeat", "1", "--work", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for what in ("prepare, 1 thread(s)", "prepare, 2 thread(s)", "train.py: launch to the first step's log line",
+                 "baseline: one encode_ordinary call"):
+        assert f"| 1 | {what} |" in result.stdout
+    assert re.search(r"1 MB: prepare, 2 thread\(s\) is \d+\.\d\dx one thread", result.stdout)
+    one, two = (np.fromfile(tmp_path / "data" / "bench_1mb" / "train_000000.bin", dtype=np.uint16),
+                np.fromfile(tmp_path / "base.bin", dtype=np.uint16))
+    assert one.size > 0 and np.count_nonzero(one == 50256) > 0  # documents end with <|endoftext|>
+    assert np.array_equal(one[one != 50256][:1000], two[:1000])  # the same BPE as one encode_ordinary call
+
+
+def test_bench_data_reports_the_median_run_and_the_speedup_from_medians():
+    from gpt.bench.data import median_row, speedups
+
+    runs = [dict(wall_s=w + 1, work_s=w, tokens=100, peak=2**20 * p) for w, p in ((3.0, 5), (2.0, 7), (4.0, 6))]
+    row = median_row(runs, 10**6, "prepare, 1 thread(s)")
+    assert row["work_s"] == 3.0 and row["wall_s"] == 4.0 and row["runs"] == [3.0, 2.0, 4.0]
+    assert row["peak_mib"] == 7 and row["mb_s"] == pytest.approx(1 / 3)
+    two = median_row([dict(wall_s=2.5, work_s=1.5, tokens=100, peak=0)], 10**6, "prepare, 2 thread(s)")
+    assert speedups([row, two]) == ["1 MB: prepare, 2 thread(s) is 2.00x one thread (3.00 s / 1.50 s)"]
