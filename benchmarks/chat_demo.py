@@ -28,7 +28,7 @@ from gpt.model.config import MISSING, ModelConfig, ScriptConfig
 from gpt.tokenizers import tokenizer as tok
 from gpt.train.config import ChatConfig, RunConfig, TrainConfig
 from gpt.train.trainer import train
-from gpt.weights.load import load_model, load_weights
+from gpt.weights.load import load
 
 
 @dataclass
@@ -86,10 +86,9 @@ def write_jsonl(path: Path, items: list[Item]) -> None:
 
 def base_with_chat_tokens(cfg: ChatDemoConfig, device: torch.device) -> tuple[GPT, tok.Tokenizer]:
     """The base model as fine-tuning starts from it: ChatML's tokens added, their rows at the mean."""
-    config, state, meta = load_weights(cfg.base)
-    base = tok.from_meta(meta)
+    loaded, base, _ = load(cfg.base)
     chat = with_chat_tokens(base)
-    config, state = add_token_rows(config, state, base, chat)
+    config, state = add_token_rows(loaded.config, loaded.state_dict(), base, chat)
     model = GPT(config)
     model.load_state_dict(state)
     return model.to(device).eval(), chat
@@ -132,7 +131,7 @@ def run(cfg: ChatDemoConfig, log: Callable[[str], None] = print) -> dict[str, An
     log(f"base model, exact match on {len(heldout)} held-out prompts: {report['before']}")
     for name in cfg.ways:
         report[name] = fine_tune(cfg, out, name == "lora", log)
-        tuned, tuned_tokenizer = load_model(report[name]["run"], device)
+        tuned, tuned_tokenizer, _ = load(report[name]["run"], device)
         report[name]["exact_match"] = exact_match(tuned.eval(), tuned_tokenizer, heldout)
         log(f"{name}: {report[name]}")
     atomic_write(out / "report.json", lambda f: f.write(json.dumps(report, indent=1).encode()), what="report")

@@ -1,8 +1,8 @@
 """The GPU proof: every check of issue 30 in one command (scripts/gpu_proof.sh), one JSON and one Markdown summary.
 
-Each part (gpt.bench.proof_parts) runs in a process of its own with a time limit drawn from the run's budget, so a
+Each part (benchmarks.gpu_proof_parts) runs in a process of its own with a time limit drawn from the run's budget, so a
 part that fails, hangs or breaks the GPU fails alone and the summaries are always written. ``--dry-run`` runs every
-part on the CPU at tiny sizes. Usage: python -m gpt.bench.proof [--dry-run] [--out DIR] [--parts a,b] [--budget-s S]
+part on the CPU at tiny sizes. Usage: python -m benchmarks.gpu_proof [--dry-run] [--out DIR] [--parts a,b] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt.bench.proof_report import markdown
-
+from benchmarks.gpu_proof_report import markdown
 from gpt.cli import skip_final_collection
 
 PARTS = ("kernels", "train", "decode", "flex", "arena", "fsdp")
@@ -29,7 +28,7 @@ WORDS = {"kernels": "every kernel x design against float64", "train": "bench_tra
 
 def run_part(name: str, out: Path, dry: bool, fsdp: int) -> dict[str, Any]:
     """One part, here (inside its own process): its result, written to out/parts/<name>.json."""
-    from gpt.bench import proof_parts as parts
+    from benchmarks import gpu_proof_parts as parts
 
     sizes = parts.DRY if dry else parts.GPU
     if name == "fsdp":
@@ -51,7 +50,7 @@ class Child:
         self.name, self.out, self.timeout, self.started = name, out, timeout, time.time()
         self.log = out / "parts" / f"{name}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "gpt.bench.proof", "--part", name, "--out", str(out), "--fsdp", str(fsdp)]
+        command = [sys.executable, "-m", "benchmarks.gpu_proof", "--part", name, "--out", str(out), "--fsdp", str(fsdp)]
         env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if dry else {})}  # dry run: parts share the cores
         with open(self.log, "w") as f:
             self.process = subprocess.Popen(command + (["--dry-run"] if dry else []), stdout=f,
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         skip_final_collection()
         return 0
     if args.fsdp_worker:
-        from gpt.bench import proof_parts as parts
+        from benchmarks import gpu_proof_parts as parts
 
         parts.fsdp_worker(parts.DRY if args.dry_run else parts.GPU, Path(args.fsdp_worker))
         skip_final_collection()
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpt.bench.proof", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_proof", description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="every part on the CPU at tiny sizes")
     p.add_argument("--out", default="runs/gpu_proof", help="where the runs, proof.json and proof.md go")
     p.add_argument("--parts", default="", help=f"comma-separated, of {', '.join(PARTS)} (default: all)")

@@ -1,4 +1,4 @@
-"""The parts of the GPU proof (gpt.bench.proof): each checks one thing issue 30 asks of a GPU and returns its
+"""The parts of the GPU proof (benchmarks.gpu_proof): each checks one thing issue 30 asks of a GPU and returns its
 figures as plain data, with a status: ok, fail or skipped (and why).
 
 Each runs at the sizes of a ``Sizes`` preset: GPT-2 124M on a GPU, or the dry run's tiny models on a CPU. They call
@@ -389,7 +389,7 @@ def fsdp_run(s: Sizes, out: Path, world: int) -> dict[str, Any]:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_addr=127.0.0.1",
-               f"--master_port={port}", "-m", "gpt.bench.proof", "--fsdp-worker", str(out),
+               f"--master_port={port}", "-m", "benchmarks.gpu_proof", "--fsdp-worker", str(out),
                *(["--dry-run"] if s.device == "cpu" else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     tokens = logged(run_dir, "tokens_per_sec")

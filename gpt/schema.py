@@ -114,7 +114,7 @@ SCHEMAS = {
     "train": "gpt.train.config:RunConfig",
     "generate": "gpt.inference.generate:GenerateConfig",
     "chat": "gpt.inference.chat:ChatCommandConfig",
-    "chat_demo": "gpt.bench.chat_demo:ChatDemoConfig",
+    "chat_demo": "benchmarks.chat_demo:ChatDemoConfig",
     "prepare": "gpt.data.config:PrepareConfig",
     "export": "gpt.weights.export:ExportConfig",
     "visualize": "gpt.inference.visualize:VisualizeConfig",

@@ -4,12 +4,17 @@ Builds a synthetic instruction set, measures the base model's exact match on hel
 weights and with LoRA, and measures both again (docs/chat.md has the figures).
 """
 
-from gpt.cli import hydra_entry
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the demo is benchmarks/chat_demo.py, beside gpt/
+
+from gpt.cli import hydra_entry  # noqa: E402 (after the path above)
 
 
 @hydra_entry("chat_demo")
 def main(cfg) -> None:
-    from gpt.bench.chat_demo import run
+    from benchmarks.chat_demo import run
 
     run(cfg)
 

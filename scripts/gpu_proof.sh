@@ -58,4 +58,4 @@ if [ -n "$lacking" ]; then
   exit 2
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m gpt.bench.proof "${args[@]+"${args[@]}"}"
+exec "$PYTHON" -m benchmarks.gpu_proof "${args[@]+"${args[@]}"}"

@@ -16,6 +16,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+# The tests sit in folders by the package's roles (tests/model/, tests/weights/, ...) and share helpers across them
+# (from test_chat_data import CHARS): every folder is importable, whichever file pytest collects first.
+sys.path[1:1] = [str(folder) for folder in sorted((ROOT / "tests").iterdir())
+                 if folder.is_dir() and folder.name.isidentifier() and folder.name not in ("fixtures", "golden")]
 # A shell starts a background job (`make test &`) with Ctrl-C ignored, and every process a test starts would inherit
 # that: the tests that press Ctrl-C need it delivered.
 signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -28,7 +28,7 @@ from gpt import GPT, GPTConfig
 from gpt.data.config import DataConfig
 from gpt.data.prepare import prepare
 from gpt.errors import UserError
-from gpt.interop import hf
+from gpt.interop import formats, hf
 from gpt.tokenizers.tokenizer import CharTokenizer
 from gpt.weights import checkpoint
 from gpt.weights import load as pretrained
@@ -84,7 +84,7 @@ def root(tmp_path_factory) -> Path:
     save_char_model(root / "run" / "ckpt.pt", CHARS, **SIZES)
     config, state, tokenizer = pretrained.load_weights(root / "run")
     for fmt in ("hf", "native"):
-        pretrained.export(state, config, tokenizer, root / fmt, format=fmt)
+        formats.export(state, config, tokenizer, root / fmt, format=fmt)
     rng = random.Random(0)
     (root / "corpus").mkdir()
     for i in range(12):
@@ -456,7 +456,7 @@ def test_an_export_cut_short_leaves_the_previous_export_and_no_temporary_file(tm
     first, second = ({"model": GPT(config).state_dict(), "model_config": config.to_dict(), "tokenizer": tokenizer}
                      for _ in range(2))
     checkpoint.save(second, tmp_path / "second.pt")
-    out = pretrained.export(first["model"], config, tokenizer, tmp_path / "export")
+    out = formats.export(first["model"], config, tokenizer, tmp_path / "export")
     before = snapshot(out)
     proc = start("export", f"ckpt={tmp_path / 'second.pt'}", f"out={out}", "overwrite=true")
     deadline = time.monotonic() + 120

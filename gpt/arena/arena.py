@@ -178,7 +178,7 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     from gpt.device import autocast, resolve_device, resolve_precision
     from gpt.evaluation.heldout import full_pass
     from gpt.train.trainer import train
-    from gpt.weights.load import load_model
+    from gpt.weights.load import load
 
     started = time.time()
     summary = train(run, Path(run.out_dir), log=lambda message: None, script="scripts/arena.py",
@@ -186,7 +186,7 @@ def run_variant(run: RunConfig, eval_n: int | None, decode_tokens: int) -> dict[
     if summary.interrupted:  # a stop signal (Ctrl-C): the arena stops too, with the rows it has
         return {"error": f"interrupted at step {summary.step} (checkpoint saved)", "stop": True}
     device = resolve_device(run.device.type)
-    model, tokenizer = load_model(summary.ckpt, device)
+    model, tokenizer, _ = load(summary.ckpt, device)
     data = TokenData(prepare(run.data, log=lambda message: None))
     val = data.splits["val"][:eval_n] if eval_n else data.splits["val"][:]
     held = full_pass(model, val, tokenizer, block_size=model.config.block_size, batch_size=run.train.batch_size,

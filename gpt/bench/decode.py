@@ -14,7 +14,7 @@ from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
 from gpt.inference.decoding import compiled_decode_step, decode_step, generate
 from gpt.model.config import ModelConfig, ScriptConfig
-from gpt.weights.load import load_model
+from gpt.weights.load import load
 
 
 @dataclass
@@ -41,7 +41,7 @@ def run(cfg: BenchDecodeConfig) -> str:
     """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return a markdown table."""
     device = resolve_device(cfg.device.type)
     if cfg.ckpt:
-        model, _ = load_model(cfg.ckpt, device)
+        model = load(cfg.ckpt, device).model
         source = cfg.ckpt
     else:
         torch.manual_seed(0)

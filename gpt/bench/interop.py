@@ -13,6 +13,7 @@ import torch
 
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
+from gpt.interop import formats
 from gpt.interop import targets as hf_targets
 from gpt.model import design as registry
 from gpt.tokenizers.tokenizer import CharTokenizer
@@ -63,13 +64,13 @@ def measure(model: GPT, work: Path) -> dict[str, str]:
     auto = transformers.AutoModelForCausalLM
 
     def native() -> torch.Tensor:
-        pretrained.export(state, config, meta, work / "native", format="native")
+        formats.export(state, config, meta, work / "native", format="native")
         return pretrained.load_model(work / "native")[0](idx)[0]
 
     def standard() -> torch.Tensor:
         if hf_targets.choose(config) == "remote":
             raise UserError("none matches: no standard architecture")
-        pretrained.export(state, config, meta, work / "hf")
+        formats.export(state, config, meta, work / "hf")
         return auto.from_pretrained(work / "hf").eval()(idx).logits
 
     def remote() -> torch.Tensor:
@@ -79,7 +80,7 @@ def measure(model: GPT, work: Path) -> dict[str, str]:
 
     def gguf(kind: str) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
-            path = pretrained.export(state, config, meta, work / "gguf", format="gguf", gguf_type=kind)
+            path = formats.export(state, config, meta, work / "gguf", format="gguf", gguf_type=kind)
             extra = {"n_positions": config.block_size} if "wpe" in model.transformer else {}
             return auto.from_pretrained(work / "gguf", gguf_file=path.name, **extra).eval()(idx).logits
         return run

@@ -9,15 +9,15 @@ from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.errors import UserError
 from gpt.files import load_archive
+from gpt.interop import formats, gpt2
 from gpt.tokenizers.tokenizer import Tokenizer, describe
 from gpt.validate import Record
 from gpt.weights import checkpoint
-from gpt.weights import load as pretrained
 
 
 def recorded_data_dir(ckpt: str) -> Path | None:
     """The prepared data folder a training checkpoint records in its run config (None for exports and gpt2*)."""
-    if ckpt in pretrained.GPT2_SIZES or pretrained.is_export(ckpt):
+    if ckpt in gpt2.GPT2_SIZES or formats.is_export(ckpt):
         return None
     path = checkpoint.resolve(ckpt)
     if path.is_dir():  # a sharded step folder: the config is in its meta.pt

@@ -28,19 +28,19 @@ from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.evaluation.loglik import Pair, encode_pair, loglikelihoods
 from gpt.inference.decoding import stream
 from gpt.inference.text import TextStream
-from gpt.weights.load import load_model
+from gpt.weights.load import load
 
 
 @register_model("gpt-attention")
 class GPTAttentionLM(LM):
-    """lm-eval's LM interface over gpt.weights.load.load_model (a run folder, checkpoint, export, or gpt2*)."""
+    """lm-eval's LM interface over gpt.weights.load.load (a run folder, checkpoint, export, or gpt2*)."""
 
     def __init__(self, ckpt: str, init_path: str | None = None, device: str | None = "auto", batch_size: Any = 8,
                  precision: str = "auto", seed: int = 1234, **_: Any) -> None:
         super().__init__()
         self._device = resolve_device(device or "auto")
         self.ctx = autocast(self._device, resolve_precision(precision, self._device))
-        self.model, self.tokenizer = load_model(ckpt, self._device, init_path=init_path)
+        self.model, self.tokenizer, _ = load(ckpt, self._device, init_path=init_path)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" is not supported: 8
         self.block_size = self.model.config.block_size
         self.generator = torch.Generator(device=self._device).manual_seed(int(seed))

@@ -22,7 +22,7 @@ from gpt.evaluation.inputs import open_data
 from gpt.files import atomic_write
 from gpt.model import GPT
 from gpt.tokenizers.tokenizer import Tokenizer
-from gpt.weights.load import load_model
+from gpt.weights.load import load
 
 
 @contextlib.contextmanager
@@ -50,7 +50,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device.type)
     precision = resolve_precision(cfg.precision, device)
     ctx = autocast(device, precision)
-    model, tokenizer = load_model(cfg.ckpt, device, init_path=cfg.init_path)
+    model, tokenizer, _ = load(cfg.ckpt, device, init_path=cfg.init_path)
     started = time.perf_counter()
     task = run_heldout if cfg.task == "heldout" else run_hellaswag
     results = {"ckpt": cfg.ckpt, **task(cfg, model, tokenizer, device, ctx),

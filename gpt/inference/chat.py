@@ -9,7 +9,7 @@ the history within the model's context by dropping the oldest turns (said once).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional, TextIO
 
 import torch
@@ -22,8 +22,7 @@ from gpt.inference.sampling import check_sampling
 from gpt.inference.text import TextStream, unescape
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
-from gpt.tokenizers import tokenizer as tok
-from gpt.weights.load import load_weights
+from gpt.weights.load import load
 
 HELP = "type a message; /reset starts over, /quit (or Ctrl-D) leaves, Ctrl-C stops a reply"
 
@@ -138,22 +137,18 @@ class Chat:
 
 def load_chat_model(cfg: ChatCommandConfig, renderer: Renderer) -> tuple[GPT, ChatTemplate]:
     """The model and its chat template (a UserError when it has none, or one that does not compile)."""
-    device = resolve_device(cfg.device.type)
-    config, state, meta = load_weights(cfg.ckpt, cfg.init_path)
-    if cfg.model is not None:
-        config = replace(config, attention=cfg.model.attention, attention_backend=cfg.model.attention_backend)
+    kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
+    model, tokenizer, meta = load(cfg.ckpt, resolve_device(cfg.device.type), kernel, backend, cfg.init_path)
     if "chat_template" not in meta:
         raise UserError(f"{cfg.ckpt} has no chat template (it is a base model)",
                         hint="fine-tune it on conversations first: scripts/train.py init_from=... chat.data=... "
                              "(docs/chat.md)")
-    model = GPT(config)
-    model.load_state_dict(state)
     try:
-        template = ChatTemplate(meta["chat_template"], tok.from_meta(meta), meta, renderer)
+        template = ChatTemplate(meta["chat_template"], tokenizer, meta, renderer)
     except ChatTemplateError as err:
         raise UserError(f"{cfg.ckpt}: its chat template is unusable: {err}",
                         hint="the file is damaged or was not written by this framework") from None
-    return model.to(device).eval(), template
+    return model, template
 
 
 def run(cfg: ChatCommandConfig, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:

@@ -1,4 +1,4 @@
-"""Sample from a trained model as text: the body of scripts/generate.py (loading is gpt.weights.load.load_model)."""
+"""Sample from a trained model as text: the body of scripts/generate.py (loading is gpt.weights.load.load)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpt.inference.text import TextStream, unescape
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.tokenizers import tokenizer as tok
-from gpt.weights.load import load_model
+from gpt.weights.load import load
 
 
 @dataclass
@@ -89,7 +89,7 @@ def run(cfg: GenerateConfig) -> None:
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
     kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
-    model, tokenizer = load_model(cfg.ckpt, device, kernel, backend, cfg.init_path)
+    model, tokenizer, _ = load(cfg.ckpt, device, kernel, backend, cfg.init_path)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:

@@ -132,9 +132,9 @@ def run(cfg: VisualizeConfig) -> Path:
     from gpt.device import resolve_device
     from gpt.inference.decoding import prompt_ids
     from gpt.inference.text import unescape
-    from gpt.weights.load import load_model
+    from gpt.weights.load import load
 
-    model, tokenizer = load_model(cfg.ckpt, resolve_device(cfg.device.type), init_path=cfg.init_path)
+    model, tokenizer, _ = load(cfg.ckpt, resolve_device(cfg.device.type), init_path=cfg.init_path)
     ids = prompt_ids(tokenizer, unescape(cfg.prompt))
     if len(ids) > model.config.block_size:
         raise UserError(f"the prompt has {len(ids)} tokens, more than block_size {model.config.block_size}")

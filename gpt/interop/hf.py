@@ -19,11 +19,11 @@ from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write_all
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
+from gpt.model.state import MAX_BLOCK_SIZE
 from gpt.tokenizers.files import attach, eot_id, reference, tokenizer_files  # noqa: F401  (tokenizer_files: export's)
 from gpt.tokenizers.tokenizer import GPT2_ENCODING
 from gpt.validate import Record, dataclass_values, shown
 from gpt.validate import read_json as read_json_file
-from gpt.weights.checkpoint import MAX_BLOCK_SIZE
 
 # OpenAI's GPT-2 stores these as Conv1D weights, (in, out): the transpose of nn.Linear's (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

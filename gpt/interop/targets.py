@@ -20,6 +20,7 @@ from gpt.errors import UserError
 from gpt.interop import hf
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
+from gpt.model.state import model_config_from
 
 MODELING = "modeling_gpt_attention.py"  # the remote-code export's modeling file
 DESIGN_FILE = "design_{}.py"  # each active design's part beside it
@@ -157,7 +158,7 @@ def remote_state(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tenso
 
 
 def write(target: str, state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out: Path) -> None:
-    """Write a starcoder2 or remote export folder (GPT-2's is gpt.weights.load.export's)."""
+    """Write a starcoder2 or remote export folder (GPT-2's is gpt.interop.formats.export's)."""
     tensors = to_starcoder2(state, config) if target == "starcoder2" else remote_state(state, config)
     dtype = state["transformer.wte.weight"].dtype
     cfg = (starcoder2_config if target == "starcoder2" else remote_config)(config, tokenizer, dtype)
@@ -185,15 +186,13 @@ def is_folder(path: str | Path) -> bool:
 
 def read_folder(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any], str]:
     """The project's GPTConfig, state dict, tokenizer description and target of such a folder."""
-    from gpt.weights import checkpoint
-
     folder = Path(path)
     cfg = hf.read_json(folder / "config.json")
     own = cfg[hf.META_KEY]
     if not isinstance(own.get("model_config"), dict) or own.get("target") not in ("starcoder2", "remote"):
         raise UserError(f"{folder / 'config.json'}: {hf.META_KEY} must name a target and hold a model_config object",
                         hint="the file was edited or damaged: export the model again")
-    config = checkpoint.model_config_from(own["model_config"], folder / "config.json")
+    config = model_config_from(own["model_config"], folder / "config.json")
     tensors = hf.load_safetensors(folder / hf.WEIGHTS)
     if own["target"] == "starcoder2":
         try:

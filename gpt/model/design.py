@@ -7,19 +7,21 @@ the exporters, the arena, ``python -m gpt.attention``, the pictures) reads the r
 A design acts on the core's attention layer (gpt.model.CausalSelfAttention) in one of two ways, as torchtitan
 composes attention: as a *part* (hooks the layer calls: parameters it adds, a q/k transform, kernel keywords that
 modify the scores, per-forward values in the context), or as a *layer* (a subclass replacing the whole layer,
-for designs that change its shape: differential, linear, latent). The built-in designs are imported by name on
-first use; a user's are loaded by gpt.designs.loading (``designs=[my_design.py]`` or GPT_DESIGNS).
+for designs that change its shape: differential, linear, latent). This module imports no design: the built-in
+ones (gpt.designs, one module each) import it and register, and the package gpt imports them before anything reads
+the registry; a user's are loaded by gpt.designs.loading (``designs=[my_design.py]`` or GPT_DESIGNS).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from gpt import kernels
 from gpt.errors import ConfigError
 
 GPTConfig = Any  # gpt.model.config.GPTConfig, which reads this registry (so this module cannot import it)
@@ -162,7 +164,7 @@ def spell(value: Any) -> str:
 
 
 _DESIGNS: dict[str, Design] = {}
-_loaded = False
+_first_read: list[Callable[[], None]] = []  # run once, when the registry is first read (gpt.designs: GPT_DESIGNS)
 
 
 def register(design: Design, override: bool = False) -> Design:
@@ -184,16 +186,16 @@ def unregister(name: str) -> None:
     del _DESIGNS[name]
 
 
+def on_first_read(hook: Callable[[], None]) -> None:
+    """Run ``hook`` once, when the registry is first read (gpt.designs loads what GPT_DESIGNS names so)."""
+    _first_read.append(hook)
+
+
 def _designs() -> dict[str, Design]:
-    """Every registered design in hook order: the built-ins in BUILTIN's order (imported by name here, on first use,
-    because they build on gpt.model, which reads this registry), then the others as they registered (GPT_DESIGNS
-    names some: gpt.designs.loading), whichever module happened to be imported first."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for name in BUILTIN:
-            importlib.import_module(f"gpt.designs.{name}")
-        importlib.import_module("gpt.designs.loading").load_environment()
+    """Every registered design in hook order: the built-ins in BUILTIN's order, then the others as they registered
+    (GPT_DESIGNS names some: gpt.designs.loading), whichever module happened to be imported first."""
+    while _first_read:
+        _first_read.pop(0)()
     rank = {name: i for i, name in enumerate(BUILTIN)}
     return dict(sorted(_DESIGNS.items(), key=lambda item: rank.get(item[0], len(rank))))
 
@@ -232,11 +234,9 @@ def positional(config: GPTConfig) -> bool:
 
 def kernels_for(design: Design) -> list[str]:
     """The registered kernels that can compute a design (all of its kernel_options); none if it uses no kernel."""
-    from gpt import kernels as attention
-
     if not design.uses_kernel:
         return []
-    return [k for k in attention.available() if all(attention.spec(k).supports(o) for o in design.kernel_options)]
+    return [k for k in kernels.available() if all(kernels.spec(k).supports(o) for o in design.kernel_options)]
 
 
 def runtime_fields() -> tuple[str, ...]:

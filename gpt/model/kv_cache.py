@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from gpt import designs
+from gpt.model import design as designs
 from gpt.model.config import GPTConfig
 
 Context = Any  # gpt.model.Context (a Step's fields and the model's): the model imports this module, not the reverse

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from gpt.errors import UserError
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer
@@ -17,7 +17,7 @@ from gpt.model.config import GPTConfig
 from gpt.serve.engine import Engine, Sampling
 from gpt.serve.protocol import SEED_RANGE, APIError, ChatRequest, CompletionRequest
 from gpt.tokenizers import tokenizer as tok
-from gpt.weights.load import load_weights
+from gpt.weights import load as loader
 
 
 @dataclass
@@ -57,14 +57,10 @@ def model_name(ckpt: str) -> str:
 
 def load(ckpt: str, name: str, device, kernel: str | None, backend: str | None, init_path: str | None,
          limits: dict[str, int], renderer: Renderer, autocast) -> Served:
-    """Load a checkpoint for serving, as gpt.weights.load.load_model does, keeping its tokenizer description (the chat
-    template lives there); start its engine. A template that does not compile is reported, and chat refused."""
-    config, state, meta = load_weights(ckpt, init_path)
-    config = replace(config, attention=kernel or config.attention, attention_backend=backend)
-    model = GPT(config)
-    model.load_state_dict(state)
-    model = model.to(device).eval()
-    tokenizer = tok.from_meta(meta)
+    """Load a checkpoint for serving (gpt.weights.load.load: the model, its tokenizer and its description, where the
+    chat template lives); start its engine. A template that does not compile is reported, and chat refused."""
+    model, tokenizer, meta = loader.load(ckpt, device, kernel, backend, init_path)
+    config = model.config
     chat, problem = None, "this model has no chat template (its tokenizer description has no chat_template)"
     if "chat_template" in meta:
         try:

@@ -8,8 +8,8 @@ from typing import Optional
 
 from gpt.errors import ConfigError, UserError
 from gpt.files import output_path
+from gpt.interop import formats, gpt2, hf
 from gpt.interop import gguf as gguf_export
-from gpt.interop import hf
 from gpt.interop import targets as hf_targets
 from gpt.model.config import MISSING, ScriptConfig
 from gpt.weights import checkpoint, sharded
@@ -31,8 +31,8 @@ class ExportConfig(ScriptConfig):
     def __post_init__(self) -> None:
         if self.out is not None:
             output_path(self.out, "out", folder=True)
-        if self.format not in pretrained.FORMATS:
-            raise ConfigError(f"format must be one of {', '.join(pretrained.FORMATS)}, got {self.format!r}",
+        if self.format not in formats.FORMATS:
+            raise ConfigError(f"format must be one of {', '.join(formats.FORMATS)}, got {self.format!r}",
                               hint="format=hf: GPT-2, Starcoder2 or remote code; format=native: this project's own; "
                                    "format=gguf: llama.cpp")
         if self.gguf_type not in gguf_export.TYPES:
@@ -41,7 +41,7 @@ class ExportConfig(ScriptConfig):
 
 def default_out(ckpt: str) -> Path:
     """<run directory>/export for a checkpoint; other sources (an export, gpt2) need out= spelled out."""
-    if ckpt in pretrained.GPT2_SIZES or hf.is_folder(ckpt) or pretrained.is_export(ckpt):
+    if ckpt in gpt2.GPT2_SIZES or hf.is_folder(ckpt) or formats.is_export(ckpt):
         raise UserError(f"ckpt={ckpt} is not a training run, so there is no default out=", hint="pass out=<folder>")
     return checkpoint.run_dir_of(checkpoint.resolve(ckpt)) / "export"
 
@@ -51,7 +51,7 @@ def run(cfg: ExportConfig) -> None:
     out = Path(cfg.out).expanduser() if cfg.out else default_out(cfg.ckpt)
     if cfg.format == "gguf":
         config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
-        path = pretrained.export(state, config, tokenizer, out, format="gguf", overwrite=cfg.overwrite,
+        path = formats.export(state, config, tokenizer, out, format="gguf", overwrite=cfg.overwrite,
                                  gguf_type=cfg.gguf_type)
         print(f"wrote {path} (GGUF {cfg.gguf_type}, llama.cpp architecture {gguf_export.architecture(config)})")
         return
@@ -61,7 +61,7 @@ def run(cfg: ExportConfig) -> None:
         raise UserError(f"out={out} is a training run's folder (it holds {run[0]})",
                         hint="export into a folder of its own, e.g. the default <run>/export")
     config, state, tokenizer = pretrained.load_weights(cfg.ckpt)
-    pretrained.export(state, config, tokenizer, out, format=cfg.format, overwrite=cfg.overwrite)
+    formats.export(state, config, tokenizer, out, format=cfg.format, overwrite=cfg.overwrite)
     what = hf_targets.WHAT[hf_targets.choose(config)] if cfg.format == "hf" else "native layout"
     print(f"wrote {out} ({what})", flush=True)
     if cfg.push_to_hub:

@@ -4,9 +4,9 @@ in training, the same set from the same seed; its prompts are the template's gen
 from __future__ import annotations
 
 import pytest
-from gpt.bench.chat_demo import ChatDemoConfig, prompt_ids
 from test_chat_data import CHARS
 
+from benchmarks.chat_demo import ChatDemoConfig, prompt_ids
 from gpt.data.chat import encode_conversation, with_chat_tokens
 from gpt.data.instructions import PHRASINGS, split
 from gpt.errors import ConfigError
@@ -50,7 +50,7 @@ def test_ways_names_full_lora_or_both_once_each(bad):
 def test_a_stopped_fine_tuning_stops_the_demonstration_instead_of_measuring_it(tmp_path, monkeypatch):
     """A fine-tuning stopped by a signal has no result: the demo stops in one line (Ctrl-C's exit) naming the
     checkpoint, where it used to measure the unfinished model and report its zeros."""
-    from gpt.bench import chat_demo
+    from benchmarks import chat_demo
     from gpt.train.records import Summary
 
     def stopped(run, run_dir, log):

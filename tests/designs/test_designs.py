@@ -168,8 +168,9 @@ def test_the_pictures_are_causal_and_leave_the_model_as_it_was(design, settings,
 
 @pytest.mark.parametrize("design", PRESETS)
 def test_a_checkpoint_and_an_export_load_with_the_same_logits(design, tmp_path):
+    from gpt.interop.formats import export
     from gpt.tokenizers.tokenizer import CharTokenizer
-    from gpt.weights.load import export, load_model
+    from gpt.weights.load import load_model
 
     settings = registry.get(design).on_preset()
     model = model_for(settings, settings.get("attention"))

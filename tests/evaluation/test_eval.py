@@ -160,7 +160,7 @@ def test_the_eval_config_composes_with_a_data_group_or_a_folder():
                                       {"qk_norm": True, "window": 8}])  # remote code
 def test_an_export_for_transformers_evaluates_as_its_checkpoint_does(settings, prepared, tmp_path):
     """scripts/eval.py ckpt=<export folder>: the weights and config.json read back (never the modeling file)."""
-    from gpt.weights.load import export
+    from gpt.interop.formats import export
 
     torch.manual_seed(0)
     chars = vocab(prepared)

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from gpt.inference.decoding import generate
+from gpt.interop import formats
 from gpt.model import GPT
 from gpt.model.config import GPTConfig
 from gpt.tokenizers.tokenizer import CharTokenizer
 from gpt.weights import checkpoint
-from gpt.weights import load as pretrained
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install -e '.[eval]')")
 from gpt.evaluation.lm_eval_model import GPTAttentionLM  # noqa: E402
@@ -132,7 +132,7 @@ def test_generation_is_the_greedy_kv_cache_continuation_cut_at_the_stop_string(s
 def test_loglikelihoods_agree_with_transformers_on_the_hugging_face_export(saved, tmp_path):
     transformers = pytest.importorskip("transformers")
     folder, model = saved
-    export = pretrained.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path / "hf", format="hf")
+    export = formats.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path / "hf", format="hf")
     theirs = transformers.GPT2LMHeadModel.from_pretrained(export).eval()
     lm = GPTAttentionLM(ckpt=str(export), device="cpu", batch_size=5)
     requests = [(d["query"], " " + c) for d in DOCS for c in d["choices"]]
@@ -172,7 +172,7 @@ def test_lm_eval_harness_runs_transformers_on_a_remote_code_export(tasks, tmp_pa
     tokenizer = small_bpe(tmp_path / "tok")
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=48, vocab_size=tokenizer.vocab_size,
                        pos_embedding="alibi", qk_norm=True)
-    export = pretrained.export(randomised(config).state_dict(), config, tokenizer.to_meta(), tmp_path / "hf")
+    export = formats.export(randomised(config).state_dict(), config, tokenizer.to_meta(), tmp_path / "hf")
     assert (export / "modeling_gpt_attention.py").is_file()
     theirs = HFLM(pretrained=str(export), trust_remote_code=True, dtype="float32", device="cpu", batch_size=3)
     ours = GPTAttentionLM(ckpt=str(export), device="cpu", batch_size=3)

@@ -12,8 +12,8 @@ from gpt.errors import UserError
 from gpt.inference.decoding import generate
 from gpt.inference.sampling import filter_logits, sample_next
 from gpt.inference.text import TextStream
+from gpt.interop import formats, gpt2, hf
 from gpt.tokenizers.tokenizer import CharTokenizer
-from gpt.weights import load as pretrained
 from gpt.weights.load import load_model
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=12, vocab_size=40)
@@ -88,7 +88,7 @@ def hf_gpt2_tensors(model: GPT) -> dict[str, torch.Tensor]:
     for name, value in model.state_dict().items():
         if name == "lm_head.weight":
             continue
-        if name.endswith(pretrained.CONV1D_SUFFIXES):
+        if name.endswith(hf.CONV1D_SUFFIXES):
             value = value.t()
         out[name.removeprefix("transformer.")] = value.clone().contiguous()
     for i in range(model.config.n_layer):  # the causal-mask buffer HF stores: must be skipped
@@ -104,7 +104,7 @@ def test_gpt2_layout_import_gives_the_same_logits(tmp_path):
     save_file(hf_gpt2_tensors(source), str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 24, "vocab_size": 50}))
-    config, state = pretrained.load_gpt2("gpt2", str(tmp_path))
+    config, state = gpt2.load_gpt2("gpt2", str(tmp_path))
     model = GPT(config).eval()
     model.load_state_dict(state)
     idx = torch.randint(0, 50, (2, 24))
@@ -116,8 +116,8 @@ def test_export_then_import_is_lossless(tmp_path):
     torch.manual_seed(0)
     model = GPT(TINY).eval()
     tokenizer = CharTokenizer([chr(65 + i) for i in range(40)]).to_meta()
-    pretrained.export(model.state_dict(), TINY, tokenizer, tmp_path / "exp")
-    config, state, tok_meta = pretrained.load_export(tmp_path / "exp")
+    formats.export(model.state_dict(), TINY, tokenizer, tmp_path / "exp")
+    config, state, tok_meta = formats.load_export(tmp_path / "exp")
     assert config == TINY and tok_meta == tokenizer
     for name, value in model.state_dict().items():
         assert torch.equal(state[name], value), name
@@ -128,9 +128,9 @@ def test_export_then_import_is_lossless(tmp_path):
 
 def test_missing_gpt2_weights_say_how_to_provide_them(tmp_path):
     with pytest.raises(UserError, match="no model.safetensors"):
-        pretrained.load_gpt2("gpt2", str(tmp_path))
+        gpt2.load_gpt2("gpt2", str(tmp_path))
     with pytest.raises(UserError, match="unknown GPT-2 model"):
-        pretrained.load_gpt2("gpt3")
+        gpt2.load_gpt2("gpt3")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from test_chat_data import CHARS, CONVERSATIONS, sft, write_jsonl
 from conftest import needs_gpt2
 from gpt import GPT, GPTConfig
 from gpt.data.chat import CHATML_TEMPLATE, encode_conversation, with_chat_tokens
+from gpt.interop import formats
 from gpt.tokenizers.tokenizer import CharTokenizer, from_meta
 from gpt.weights import load as pretrained
 
@@ -35,7 +36,7 @@ def assert_template_round_trip(folder, meta: dict) -> None:
 def test_a_character_chat_model_exports_its_template_and_tokens(tmp_path):
     meta = with_chat_tokens(CharTokenizer(CHARS)).to_meta()
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=meta["vocab_size"])
-    out = pretrained.export(GPT(config).state_dict(), config, meta, tmp_path / "exp")
+    out = formats.export(GPT(config).state_dict(), config, meta, tmp_path / "exp")
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == CHATML_TEMPLATE
     assert_template_round_trip(out, meta)
     _, _, loaded = pretrained.load_weights(str(out))
@@ -56,7 +57,7 @@ def test_gpt2_from_a_local_folder_fine_tunes_with_lora_and_exports_with_the_temp
     assert meta["kind"] == "gpt2" and meta["added_tokens"] == ["<|im_start|>", "<|im_end|>"]
     assert (run / "adapter.pt").stat().st_size < (run / "ckpt.pt").stat().st_size / 10
     config = GPTConfig.from_dict(ckpt["model_config"])
-    out = pretrained.export(ckpt["model"], config, meta, tmp_path / "exp")
+    out = formats.export(ckpt["model"], config, meta, tmp_path / "exp")
     assert_template_round_trip(out, meta)
     model = GPT(config).eval()
     model.load_state_dict(ckpt["model"])

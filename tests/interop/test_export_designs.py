@@ -12,6 +12,7 @@ import torch
 
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
+from gpt.interop import formats
 from gpt.interop import targets as hf_targets
 from gpt.model import design as registry
 from gpt.tokenizers.tokenizer import CharTokenizer
@@ -72,7 +73,7 @@ def test_every_design_opens_in_transformers_with_the_same_logits(case, tmp_path)
     settings, target = CASES[case]
     model = randomised(settings)
     assert hf_targets.choose(model.config) == target
-    out = pretrained.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
+    out = formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
     theirs = opened(out)
     assert type(theirs).__name__ == {"gpt2": "GPT2LMHeadModel", "starcoder2": "Starcoder2ForCausalLM",
                                      "remote": "GPTAttentionForCausalLM"}[target]
@@ -90,7 +91,7 @@ def test_every_design_opens_in_transformers_with_the_same_logits(case, tmp_path)
 
 def test_reading_an_export_never_runs_its_modeling_file(tmp_path):
     model = randomised({"qk_norm": True, "attn_sink": True, "attention": "manual"})
-    out = pretrained.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
+    out = formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
     marker = tmp_path / "ran"
     for name in (hf_targets.MODELING, "design_qk_norm.py", "design_sink.py"):
         assert (out / name).is_file()
@@ -128,12 +129,12 @@ def test_a_users_design_exports_from_the_modeling_file_it_registers(tmp_path):
         model = randomised({"designs": ["halfscale"], "pos_embedding": "rope"})
         with pytest.raises(UserError, match=r"model.designs=\[halfscale\] cannot be exported for transformers: .* "
                                             r"registers no modeling source") as err:
-            pretrained.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "refused")
+            formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "refused")
         assert "\n" not in str(err.value) and "format=native" in err.value.hint
         assert not (tmp_path / "refused").exists()
         (tmp_path / "halfscale_part.py").write_text(HALF_SCALE_PART)
         design.modeling = str(tmp_path / "halfscale_part.py")
-        out = pretrained.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
+        out = formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
         assert (out / "design_halfscale.py").read_text() == HALF_SCALE_PART
         idx = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(2))
         assert largest_difference(model, opened(out), idx) <= 1e-5

@@ -15,9 +15,9 @@ import torch
 from conftest import ROOT
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
+from gpt.interop import formats
 from gpt.interop import gguf as gguf_export
 from gpt.tokenizers.tokenizer import BPETokenizer, CharTokenizer
-from gpt.weights import load as pretrained
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[dev]')")
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf)")
@@ -58,7 +58,7 @@ def read_back(out, path, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gguf_reads_back_in_transformers_with_the_same_logits(arch, kind, tmp_path):
     model = randomised(ARCHS[arch])
-    path = pretrained.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path, format="gguf",
+    path = formats.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path, format="gguf",
                              gguf_type=kind)
     assert path == tmp_path / f"model-{kind}.gguf" and gguf_export.architecture(model.config) == arch
     theirs = read_back(tmp_path, path, arch)
@@ -91,7 +91,7 @@ def test_a_trained_bpe_travels_inside_the_gguf(tmp_path):
     library.save(str(tmp_path / "tok" / "tokenizer.json"))
     ours = BPETokenizer.from_file(tmp_path / "tok")
     model = randomised({"vocab_size": 320})
-    path = pretrained.export(model.state_dict(), model.config, ours.to_meta(), tmp_path / "out", format="gguf",
+    path = formats.export(model.state_dict(), model.config, ours.to_meta(), tmp_path / "out", format="gguf",
                              gguf_type="f32")
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out", gguf_file=path.name)
     for text in corpus[:3] + ["café déjà vu ✓ tabs\tand\r\nCRLF  "]:
@@ -107,7 +107,7 @@ def test_a_trained_bpe_travels_inside_the_gguf(tmp_path):
 def test_what_llama_cpp_cannot_run_is_refused_in_one_line(settings, says, tmp_path):
     model = randomised(settings)
     with pytest.raises(UserError, match=says) as err:
-        pretrained.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path / "out", format="gguf")
+        formats.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path / "out", format="gguf")
     assert "\n" not in str(err.value) and "format=hf" in err.value.hint and not (tmp_path / "out").exists()
 
 
@@ -119,7 +119,7 @@ def test_characters_wider_than_a_byte_travel_as_sentencepiece_pieces(tmp_path):
 
     chars = CharTokenizer(list("\n\t !\"#(),.:=_0123456789abcdefghijklmnopqrstuvwxyzC°±µÀéü✓"))
     model = randomised({"vocab_size": chars.vocab_size, "pos_embedding": "rope", "n_kv_head": 2})
-    path = pretrained.export(model.state_dict(), model.config, chars.to_meta(), tmp_path, format="gguf",
+    path = formats.export(model.state_dict(), model.config, chars.to_meta(), tmp_path, format="gguf",
                              gguf_type="f32")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
@@ -129,5 +129,5 @@ def test_characters_wider_than_a_byte_travel_as_sentencepiece_pieces(tmp_path):
     with torch.no_grad():
         assert (model(idx)[0] - read_back(tmp_path, path, "starcoder2")(idx).logits).abs().max().item() <= 1e-5
     with pytest.raises(UserError, match="it has '\u2581'"):
-        pretrained.export(model.state_dict(), model.config, CharTokenizer(list("ab\u2581")).to_meta(),
+        formats.export(model.state_dict(), model.config, CharTokenizer(list("ab\u2581")).to_meta(),
                           tmp_path / "refused", format="gguf")

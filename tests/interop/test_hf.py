@@ -15,7 +15,7 @@ from gpt import GPT, GPTConfig
 from gpt.errors import UserError
 from gpt.inference.decoding import generate
 from gpt.inference.generate import GenerateConfig, sample_to
-from gpt.interop import hf
+from gpt.interop import formats, gpt2, hf
 from gpt.interop import targets as hf_targets
 from gpt.tokenizers.files import tokenizer_files
 from gpt.tokenizers.tokenizer import CharTokenizer
@@ -80,7 +80,7 @@ def assert_transformers_agrees(model: GPT, folder, prompt: list[int], new_tokens
 def test_random_weights_export_opens_in_transformers(tmp_path, bias):
     config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=CHARS.vocab_size, bias=bias)
     model = randomised(config)
-    out = pretrained.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp")
+    out = formats.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp")
     hf_cfg = json.loads((out / "config.json").read_text())
     assert hf_cfg["model_type"] == "gpt2" and hf_cfg["architectures"] == ["GPT2LMHeadModel"]
     assert hf_cfg["activation_function"] == "gelu_new" and hf_cfg["n_positions"] == 32
@@ -95,7 +95,7 @@ def test_character_vocabulary_opens_with_auto_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size)
-    out = pretrained.export(GPT(config).state_dict(), config, CHARS.to_meta(), tmp_path / "exp")
+    out = formats.export(GPT(config).state_dict(), config, CHARS.to_meta(), tmp_path / "exp")
     tokenizer = AutoTokenizer.from_pretrained(out)
     text = "ABC(é✓) 12\n!"
     assert tokenizer(text)["input_ids"] == CHARS.encode(text)
@@ -153,7 +153,7 @@ def test_trained_gpt2_tokenizer_model_opens_in_transformers(tmp_path):
     state["transformer.wte.weight"] = state["lm_head.weight"] = wte
     model = GPT(config).eval()
     model.load_state_dict(state)
-    out = pretrained.export(model.state_dict(), config, tokenizer.to_meta(), tmp_path / "exp")
+    out = formats.export(model.state_dict(), config, tokenizer.to_meta(), tmp_path / "exp")
     assert json.loads((out / "generation_config.json").read_text())["suppress_tokens"] == list(range(50257, 50304))
     assert_transformers_agrees(model, out, tokenizer.encode("A journey"), 20, eos=tokenizer.eot_token)
     config_back, state, meta = pretrained.load_weights(out)
@@ -182,7 +182,7 @@ def test_padded_vocabulary_never_generates_an_undecodable_id(tmp_path):
     for kw in (dict(temperature=0.0), dict(temperature=1.0, top_k=None)):
         out = generate(model, start, 30, vocab_limit=hf.GPT2_VOCAB, generator=torch.Generator().manual_seed(0), **kw)
         assert out.max() < hf.GPT2_VOCAB
-    out_dir = pretrained.export(model.state_dict(), config, hf.GPT2_TOKENIZER, tmp_path / "exp")
+    out_dir = formats.export(model.state_dict(), config, hf.GPT2_TOKENIZER, tmp_path / "exp")
     loaded, tokenizer = load_model(out_dir)
     cfg = GenerateConfig(ckpt=str(out_dir), max_new_tokens=20, temperature=1.0, top_k=None)
     text = io.StringIO()  # the path scripts/generate.py takes: this used to end in a KeyError
@@ -197,7 +197,7 @@ def test_padded_vocabulary_never_generates_an_undecodable_id(tmp_path):
 def gpt2_folder(tmp_path, **config_changes):
     """A tiny Hugging Face GPT-2 folder (config.json + model.safetensors) written through the export."""
     config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size)
-    folder = pretrained.export(randomised(config).state_dict(), config, CHARS.to_meta(), tmp_path / "hf")
+    folder = formats.export(randomised(config).state_dict(), config, CHARS.to_meta(), tmp_path / "hf")
     values = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**values, **config_changes}))
     return folder
@@ -214,7 +214,7 @@ def test_import_refuses_what_the_model_cannot_represent(tmp_path, field, value):
         pretrained.load_weights(folder)
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match=field):  # the same through init_from=gpt2 init_path=<folder>
-        pretrained.load_gpt2("gpt2", str(folder))
+        gpt2.load_gpt2("gpt2", str(folder))
 
 
 def test_import_refuses_an_untied_head_and_mismatched_tensors(tmp_path):
@@ -247,7 +247,7 @@ def test_sharded_checkpoint_loads(tmp_path):
     config, state, tokenizer = pretrained.load_weights(folder)
     assert config == expected[0] and tokenizer == expected[2]
     assert all(torch.equal(state[k], v) for k, v in expected[1].items())
-    assert pretrained.load_gpt2("gpt2", str(folder))[0].n_layer == 2  # init_path= takes the sharded folder too
+    assert gpt2.load_gpt2("gpt2", str(folder))[0].n_layer == 2  # init_path= takes the sharded folder too
     (folder / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(UserError, match="model-00002-of-00002.safetensors named by"):
         pretrained.load_weights(folder)
@@ -259,7 +259,7 @@ def test_export_then_import_is_lossless(tmp_path, fmt, bias):
     config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size, bias=bias,
                        dropout=0.1, attention="manual")
     model = randomised(config)
-    out = pretrained.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp", format=fmt)
+    out = formats.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp", format=fmt)
     config_back, state, meta = pretrained.load_weights(out)
     assert config_back == config and meta == CHARS.to_meta()
     assert set(state) == set(model.state_dict())
@@ -277,7 +277,7 @@ def test_what_gpt2_cannot_hold_exports_to_another_target_and_natively(tmp_path, 
                                         "Face GPT-2 layout"):
         hf.check_representable(config)
     assert hf_targets.choose(config) in ("starcoder2", "remote")
-    out = pretrained.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp", format="native")
+    out = formats.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp", format="native")
     config_back, state, _ = pretrained.load_weights(out)
     assert config_back == config and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
@@ -287,14 +287,14 @@ def test_out_is_never_overwritten_without_overwrite_true(tmp_path):
     state, meta = GPT(config).state_dict(), CHARS.to_meta()
     (tmp_path / "file").write_text("mine")
     with pytest.raises(UserError, match="is a file"):
-        pretrained.export(state, config, meta, tmp_path / "file")
+        formats.export(state, config, meta, tmp_path / "file")
     assert (tmp_path / "file").read_text() == "mine"
-    out = pretrained.export(state, config, meta, tmp_path / "exp")
+    out = formats.export(state, config, meta, tmp_path / "exp")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(UserError, match="already holds an export"):
-        pretrained.export(randomised(config).state_dict(), config, meta, out, format="native")
+        formats.export(randomised(config).state_dict(), config, meta, out, format="native")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    pretrained.export(state, config, meta, out, format="native", overwrite=True)
+    formats.export(state, config, meta, out, format="native", overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no stale tokenizer files
     assert pretrained.load_weights(out)[0] == config
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 from test_gguf import ARCHS, CHARS, TINY, randomised, rounded
 
+from gpt.interop import formats
 from gpt.interop import gguf as gguf_export
-from gpt.weights import load as pretrained
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python "
                                                     "compiles llama.cpp from source)")
@@ -33,7 +33,7 @@ def load(path) -> llama_cpp.Llama:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_llama_cpp_runs_the_export_with_the_same_logits_tokens_and_greedy_text(arch, kind, tmp_path):
     model = randomised(ARCHS[arch])
-    path = pretrained.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path, format="gguf",
+    path = formats.export(model.state_dict(), model.config, CHARS.to_meta(), tmp_path, format="gguf",
                              gguf_type=kind)
     llm = load(path)
     assert llm.n_vocab() == TINY["vocab_size"] and llm.metadata[f"{arch}.context_length"] == str(TINY["block_size"])

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai", reason="the serve extra is not installed 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
 from conftest import ROOT, needs_gpt2, run_script  # noqa: E402
-from gpt import GPT, GPTConfig
+from gpt import GPT, GPTConfig  # noqa: E402
 from gpt.device import DeviceConfig  # noqa: E402
 from gpt.inference.chat_template import Renderer  # noqa: E402
 from gpt.inference.generate import GenerateConfig  # noqa: E402

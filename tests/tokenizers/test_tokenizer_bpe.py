@@ -19,6 +19,7 @@ from gpt.data.prepare import prepare
 from gpt.errors import ConfigError, UserError
 from gpt.evaluation.heldout import byte_lengths
 from gpt.evaluation.tokenizer_train import BPEConfig, TrainTokenizerConfig, run
+from gpt.interop import formats
 from gpt.tokenizers import bpe
 from gpt.tokenizers import tokenizer as tok
 from gpt.weights import checkpoint
@@ -161,7 +162,7 @@ def test_export_carries_the_tokenizer_to_transformers_and_back(trained, tmp_path
     tokenizer = tok.BPETokenizer.from_file(out)
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=640)  # padded past 600
     model = randomised(config)
-    exported = pretrained.export(model.state_dict(), config, tokenizer.to_meta(), tmp_path / "exp")
+    exported = formats.export(model.state_dict(), config, tokenizer.to_meta(), tmp_path / "exp")
     assert "json" not in json.loads((exported / "config.json").read_text())["gpt_attention"]["tokenizer"]
     assert pretrained.load_weights(exported)[2] == tokenizer.to_meta()
     loaded, back = pretrained.load_model(exported)
@@ -176,7 +177,7 @@ def test_export_carries_the_tokenizer_to_transformers_and_back(trained, tmp_path
     assert out_ids.tolist() == ours.tolist() and len(set(ours[0, len(prompt):].tolist())) > 2
     auto = AutoTokenizer.from_pretrained(exported)
     assert auto.decode(out_ids[0]) == back.decode(ours[0].tolist())
-    native = pretrained.export(model.state_dict(), config, tokenizer.to_meta(), tmp_path / "native", format="native")
+    native = formats.export(model.state_dict(), config, tokenizer.to_meta(), tmp_path / "native", format="native")
     assert pretrained.load_weights(native)[2] == tokenizer.to_meta()
     (exported / "tokenizer.json").write_text(json.dumps(json.loads((exported / "tokenizer.json").read_text())))
     with pytest.raises(UserError, match="not the tokenizer this model was exported with"):

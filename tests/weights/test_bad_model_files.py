@@ -10,6 +10,7 @@ import torch
 
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
+from gpt.interop import formats
 from gpt.tokenizers.tokenizer import CharTokenizer
 from gpt.weights import load as pretrained
 
@@ -22,7 +23,7 @@ def exports(tmp_path_factory):
     """A Hugging Face layout export and a native one of a tiny model."""
     root = tmp_path_factory.mktemp("exports")
     state = GPT(CONFIG).state_dict()
-    return {fmt: pretrained.export(state, CONFIG, TOKENIZER, root / fmt, format=fmt) for fmt in ("hf", "native")}
+    return {fmt: formats.export(state, CONFIG, TOKENIZER, root / fmt, format=fmt) for fmt in ("hf", "native")}
 
 
 def edit_config(folder, change) -> None:
