@@ -1,4 +1,4 @@
-"""python -m gpt.consolidate RUN_DIR: a train.fsdp=true run's sharded checkpoint as one ckpt.pt.
+"""A train.fsdp=true run's sharded checkpoint as one ckpt.pt (the command: python -m gpt.consolidate RUN_DIR).
 
 The file holds whole tensors (model, and the optimizer keyed by parameter name) and the whole training state,
 so it resumes with or without FSDP, with any number of processes, and can be shared as one file. Generate,
@@ -7,10 +7,8 @@ export and evaluation need no consolidation: they read the sharded folder direct
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from gpt.cli import report_user_errors
 from gpt.errors import UserError
 from gpt.weights import checkpoint, sharded
 
@@ -25,16 +23,3 @@ def consolidate(run_dir: Path) -> Path:
     out = run_dir / checkpoint.LATEST
     checkpoint.save(sharded.load_full(folder, optimizer=True), out)
     return out
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m gpt.consolidate RUN_DIR  (writes RUN_DIR/ckpt.pt from RUN_DIR/ckpt.dcp)",
-              file=sys.stderr)
-        raise SystemExit(2)
-    out = report_user_errors(lambda: consolidate(Path(argv[0])))
-    print(f"wrote {out}: it resumes with or without train.fsdp; generate, export and eval read it")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
