@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import importlib
 import re
-from fnmatch import fnmatch
 
 import pytest
 
 from conftest import ROOT
-from test_imports import import_graph, module_name
+from test_imports import layer_table
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NAME = re.compile(r"(?<![\w/.-])gpt(?:\.[A-Za-z_]\w*)+")  # gpt.model.design.Design, not runs/gpt.x or a.gpt.b
@@ -49,29 +48,28 @@ def test_every_project_path_exists(doc, path):
     assert list(ROOT.glob(path)) or (ROOT / path).exists(), f"{doc} names {path}, which does not exist"
 
 
-def layer_table() -> list[list[str]]:
-    """The rows of docs/architecture.md's layer table, top to bottom: each row's module entries."""
-    section = (ROOT / "docs" / "architecture.md").read_text().split("## Layers")[1].split("\n## ")[0]
-    rows = [line.split("|")[2] for line in section.splitlines() if line.startswith("| ") and "`" in line]
-    return [re.findall(r"`([^`]+)`", row) for row in rows]
-
-
-def row_of(path: str, rows: list[list[str]]) -> int:
-    """The row of a module path: the row holding its most specific entry (a file, or the longest folder)."""
-    matches = [(len(entry), -i, i) for i, entries in enumerate(rows) for entry in entries
-               if path == entry or (entry.endswith("/") and path.startswith(entry)) or fnmatch(path, entry)]
-    assert matches, f"{path} is in no row of docs/architecture.md's layer table"
-    return max(matches)[2]
-
-
-def test_the_layer_table_holds_every_module_and_imports_run_down_it():
+def test_the_layer_table_starts_at_the_scripts():
     rows = layer_table()
-    assert rows[0] == ["scripts/"] and len(rows) >= 8
-    paths = {module_name(p): p.relative_to(ROOT).as_posix() for p in (ROOT / "gpt").rglob("*.py")}
-    row = {name: row_of(path, rows) for name, path in paths.items()}
-    upward = sorted(f"{a} ({paths[a]}, row {row[a]}) imports {b} ({paths[b]}, row {row[b]})"
-                    for a, targets in import_graph().items() for b in targets if b in row and row[b] < row[a])
-    assert upward == [], "imports that run up docs/architecture.md's layer table:\n" + "\n".join(upward)
+    assert rows[0][0] == "scripts/" and len(rows) >= 8
+
+
+def layout_block() -> str:
+    return (ROOT / "README.md").read_text().split("## Layout")[1].split("```")[1]
+
+
+def test_readme_layout_names_every_folder_and_module_of_gpt_and_nothing_else():
+    """README's layout block against the tree: each folder and top-level module of gpt/ (and the checkout's top
+    folders it lists) named once, nothing named that is not there."""
+    named, top = [], []
+    for line in layout_block().splitlines():
+        if line.startswith("  ") and not line.startswith("   "):  # gpt/'s entries: "  name  what;  name  what"
+            named += [part.split()[0] for part in line.strip().split(";  ")]
+        elif line and not line.startswith(" "):
+            top.append(line.split()[0])
+    tree = sorted([p.name + "/" for p in (ROOT / "gpt").iterdir() if p.is_dir() and any(p.glob("*.py"))]
+                  + [p.name for p in (ROOT / "gpt").glob("*.py") if p.name != "__init__.py"])
+    assert sorted(named) == tree
+    assert all((ROOT / name).is_dir() for name in top) and "gpt/" in top
 
 
 def test_the_default_run_time_is_quoted_once():
