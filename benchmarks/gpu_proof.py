@@ -2,7 +2,8 @@
 
 Each part (benchmarks.gpu_proof_parts) runs in a process of its own with a time limit drawn from the run's budget, so a
 part that fails, hangs or breaks the GPU fails alone and the summaries are always written. ``--dry-run`` runs every
-part on the CPU at tiny sizes. Usage: python -m benchmarks.gpu_proof [--dry-run] [--out DIR] [--parts a,b] [--budget-s S]
+part on the CPU at tiny sizes. Usage: python -m benchmarks.gpu_proof [--dry-run] [--out DIR] [--parts a,b]
+[--budget-s S]
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class BenchDecodeConfig(ScriptConfig):
     prompt_lens: list[int] = field(default_factory=lambda: [1, 64])
     batch_size: int = 1
     repeats: int = 3
-    compile: bool = False  # also time the cached decoding step compiled once (gpt.inference.decoding.compiled_decode_step)
+    compile: bool = False  # also time the cached step compiled once (gpt.inference.decoding.compiled_decode_step)
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats")

@@ -2,8 +2,8 @@
 conversation's token ids with the mask of what is learned (the assistant's replies and their <|im_end|>), and
 conversations packed into rows of the context without one seeing another.
 
-The ids are those the stored Jinja template gives (gpt.inference.chat_template renders it and encodes the text between special
-tokens piece by piece; tests/data/test_chat_data.py checks both agree token by token), so training, the server,
+The ids are those the stored Jinja template gives (gpt.inference.chat_template renders it and encodes the text between
+special tokens piece by piece; tests/data/test_chat_data.py checks both agree token by token), so training, the server,
 scripts/chat.py and transformers' apply_chat_template all format a conversation the same way.
 """
 

@@ -1,9 +1,9 @@
 """A chat in the terminal with a fine-tuned model: the body of scripts/chat.py.
 
-Each turn renders the whole conversation with the checkpoint's own chat template (sandboxed, gpt.inference.chat_template, as
-the server does), streams the reply with generate's sampling settings until the template's end of turn, and keeps
-the history within the model's context by dropping the oldest turns (said once). /reset forgets the conversation,
-/quit (or Ctrl-D) leaves, Ctrl-C stops the current reply and keeps the chat going.
+Each turn renders the whole conversation with the checkpoint's own chat template (sandboxed,
+gpt.inference.chat_template, as the server does), streams the reply with generate's sampling settings until the
+template's end of turn, and keeps the history within the model's context by dropping the oldest turns (said once).
+/reset forgets the conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops the current reply and keeps the chat going.
 """
 
 from __future__ import annotations

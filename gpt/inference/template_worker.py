@@ -1,4 +1,5 @@
-"""Renders chat templates in a process of its own, for gpt.inference.chat_template: python -I template_worker.py MEMORY_BYTES.
+"""Renders chat templates in a process of its own, for gpt.inference.chat_template: python -I template_worker.py
+MEMORY_BYTES.
 
 A template comes from a checkpoint file, so it is untrusted. Jinja's immutable sandbox keeps it from reaching
 Python's internals or changing its inputs; this process keeps it from the server's memory and time: its address

@@ -76,7 +76,8 @@ def gpt2_tensors(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tenso
 
 
 def starcoder2_tensors(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
-    """llama.cpp's Starcoder2 names, from transformers' (gpt.interop.targets.to_starcoder2); zero biases for bias=false."""
+    """llama.cpp's Starcoder2 names, from transformers' (gpt.interop.targets.to_starcoder2); zero biases if
+    bias=false."""
     theirs = hf_targets.to_starcoder2(state, config)
     names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",

@@ -264,7 +264,7 @@ def config_from_hf(hf: dict[str, Any], state: dict[str, Tensor], attention: str,
 def load_state(hf: dict[str, Any], tensors: dict[str, Tensor], source: Path,
                attention: str = "sdpa") -> tuple[GPTConfig, dict[str, Tensor]]:
     """GPTConfig and state dict from a GPT-2 config.json's values and its tensors, after every check of the
-    config (the weights' shapes: gpt.weights.checkpoint.check_model_state, the one shape check of every model source)."""
+    config (the weights' shapes: gpt.model.state.check_model_state, the one shape check of every model source)."""
     check_importable(hf, source)
     return config_from_hf(hf, from_hf_state(tensors), attention, source)
 

@@ -47,7 +47,7 @@ class Design:
     runtime: bool = False  # its settings change no weight: a resumed run or a sampling session may change them
     positional: bool = False  # it encodes positions itself, so the model has no learned position table (wpe)
     layer: type | None = None  # an attention layer replacing the core's (a gpt.model.CausalSelfAttention subclass)
-    cache: type | None = None  # its per-layer KV-cache kind (gpt.model.kv_cache.LayerKV's interface); None: keys, values
+    cache: type | None = None  # its per-layer KV-cache kind (gpt.model.kv_cache.LayerKV's interface); None: k, v
     kernel_options: tuple[str, ...] = ()  # kernel options it needs (gpt.kernels.registry.OPTIONS)
     uses_kernel: bool = True  # False: its layer computes attention itself, so attention=<kernel> changes nothing
     exports: tuple[str, ...] = ("native",)  # export formats that can hold it (EXPORT_FORMATS)
@@ -223,7 +223,7 @@ def layer_class(config: GPTConfig) -> type | None:
 
 
 def cache_kind(config: GPTConfig) -> type | None:
-    """The per-layer KV-cache class a design of this config brings (None: keys and values, gpt.model.kv_cache.LayerKV)."""
+    """The per-layer KV-cache class a design of this config brings (None: keys and values: kv_cache.LayerKV)."""
     return next((d.cache for d in active(config) if d.cache is not None), None)
 
 

@@ -1,6 +1,6 @@
 """The attention the page draws: one token's weights over its context, for every layer and head, as
-gpt.inference.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any design),
-with what each design of the model says its maps show (its Design.view, from the design registry).
+gpt.inference.visualize.attention_maps computes them (the maps of scripts/visualize_attention.py: any kernel, any
+design), with what each design of the model says its maps show (its Design.view, from the design registry).
 
 The context is the one the model used: a token of the prompt saw the prompt's tokens before it; a later token saw
 the window gpt.inference.decoding.slide left when it was fed (the last block_size // 2 tokens after each slide).
@@ -18,8 +18,9 @@ MAX_PICTURE_BYTES = 256 * 2**20  # the maps of one context (layers x heads x T x
 
 
 def context_start(prompt_tokens: int, length: int, block_size: int) -> int:
-    """Where the context began when the sequence was ``length`` tokens long, by the rule of gpt.inference.decoding.stream:
-    the prompt whole (at most block_size tokens), then a slide by half each time it outgrew block_size."""
+    """Where the context began when the sequence was ``length`` tokens long, by the rule of
+    gpt.inference.decoding.stream: the prompt whole (at most block_size tokens), then a slide by half each time it
+    outgrew block_size."""
     starts = [0]
     for n in range(prompt_tokens, length + 1):
         slide([range(n)], starts, block_size)  # only the row's length matters

@@ -2,8 +2,8 @@
 
 A thread per model runs the loop of gpt.inference.decoding.stream (left padding, prefill, one decode_step per token, the
 context sliding by half past block_size), with what a server adds: sequences join and leave between steps, and each
-samples with its own settings and its own torch.Generator (gpt.inference.sampling.sample_next on its row), so a request gets
-the text it would get alone, the text scripts/generate.py prints for the same seed and settings. A sequence that
+samples with its own settings and its own torch.Generator (gpt.inference.sampling.sample_next on its row), so a request
+gets the text it would get alone, the text scripts/generate.py prints for the same seed and settings. A sequence that
 joins, or a context that slides, rebuilds the batch's cache with one prefill of every row's context (what stream does
 after a slide); finished rows are dropped at the next rebuild, or once they are half the batch.
 """

@@ -21,7 +21,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
     options = {"lr": cfg.learning_rate, "betas": (cfg.beta1, cfg.beta2), **({"fused": True} if fused else {})}
     if cfg.optimizer == "adamw":
         params = [p for p in model.parameters() if p.requires_grad]
-        decays = [p.dim() >= 2 and not getattr(p, "no_decay", False) for p in params]  # no_decay: gpt.weights.lora's rows
+        decays = [p.dim() >= 2 and not getattr(p, "no_decay", False) for p in params]  # gpt.weights.lora's rows
         groups = [
             {"params": [p for p, d in zip(params, decays) if d], "weight_decay": cfg.weight_decay},
             {"params": [p for p, d in zip(params, decays) if not d], "weight_decay": 0.0},

@@ -1,4 +1,4 @@
-"""Export a trained model: the body of scripts/export.py (the layouts themselves are gpt.interop.hf and gpt.weights.load)."""
+"""Export a trained model: the body of scripts/export.py (the formats themselves are gpt.interop's)."""
 
 from __future__ import annotations
 

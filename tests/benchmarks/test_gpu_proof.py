@@ -30,7 +30,7 @@ def test_the_dry_run_runs_every_part_on_the_cpu_and_writes_both_summaries(tmp_pa
         "kernels": "ok", "train": "ok", "decode": "ok", "flex": "ok", "arena": "ok", "fsdp": "skipped"}, parts
     kernels = parts["kernels"]
     assert kernels["cells"] >= 12 and kernels["worst"]["fp32"] < 1e-4 and kernels["worst"]["grad"] < 1e-3
-    assert {r["design"] for r in kernels["rows"]} == {"gpt2", "window", "mqa"}  # every design: tests/designs/test_designs.py
+    assert {r["design"] for r in kernels["rows"]} == {"gpt2", "window", "mqa"}  # each design: tests/designs/
     assert {r["kernel"] for r in kernels["rows"]} >= {"manual", "sdpa", "flex"}
     train = parts["train"]["rows"][0]
     assert train["bench_tokens_per_s"] > 0 and train["loop_tokens_per_s"] > 0

@@ -31,8 +31,8 @@ def commands() -> list[str]:
 def test_the_tutorial_runs_as_written(tmp_path, data_args):
     code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M).group(1)
     (tmp_path / "talking_heads.py").write_text(code)
-    # as a new user's shell: no design loaded by this test session (tests/designs/test_designs.py loads the same file from
-    # another folder, and a loaded design is passed on to child processes through GPT_DESIGNS)
+    # as a new user's shell: no design loaded by this test session (tests/designs/test_designs.py loads the same file
+    # from another folder, and a loaded design is passed on to child processes through GPT_DESIGNS)
     clean = {"GPT_DESIGNS": ""}
     env = {**os.environ, "PYTHONPATH": str(ROOT), **clean}
     lines = commands()
