@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from gpt import kernels as attention
+from gpt import kernels
 from gpt.bench.isolate import MIB, PeakMemory, compile_here, run_here, run_isolated, tensor_bytes
 from gpt.bench.report import describe_device, markdown_table, median_seconds, warm_up
 from gpt.device import PRECISIONS, DeviceConfig, configure_for_training, resolve_device, resolve_precision
@@ -86,7 +86,7 @@ def measure(model: dict, batch_size: int, seq_len: int, precision: str, compile:
     if threads:
         torch.set_num_threads(threads)
     config = GPTConfig(**model)
-    attention.check_trainable(config.attention, dev, config.dropout)
+    kernels.check_trainable(config.attention, dev, config.dropout)
     precision = resolve_precision(precision, dev)
     configure_for_training(dev)  # as training does
     torch.manual_seed(0)

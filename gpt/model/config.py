@@ -10,7 +10,7 @@ from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, Optional
 
-from gpt import kernels as attention
+from gpt import kernels
 from gpt.errors import ConfigError
 from gpt.model import design as designs
 
@@ -106,12 +106,12 @@ class GPTConfig:
 
     def _check_kernel(self) -> None:
         """The kernel exists, its backend too, and it declares every option this model needs."""
-        if self.attention not in attention.available():
+        if self.attention not in kernels.available():
             raise ConfigError(
-                f"unknown attention kernel {self.attention!r}; valid: {', '.join(attention.available())}"
+                f"unknown attention kernel {self.attention!r}; valid: {', '.join(kernels.available())}"
             )
-        if self.attention_backend is not None and self.attention_backend not in attention.backends(self.attention):
-            valid = attention.backends(self.attention)
+        if self.attention_backend is not None and self.attention_backend not in kernels.backends(self.attention):
+            valid = kernels.backends(self.attention)
             raise ConfigError(
                 f"model.attention_backend={self.attention_backend} is not a backend of attention={self.attention}; "
                 + (f"valid: {', '.join(valid)}" if valid else "only attention=sdpa has backends")
@@ -122,7 +122,7 @@ class GPTConfig:
         if self.n_kv_head != self.n_head:
             wanted["gqa"] = (f"model.n_kv_head={self.n_kv_head}", "model.n_kv_head=null")
         wanted.update(designs.kernel_options(self))
-        attention.check_options(self.attention, wanted)
+        kernels.check_options(self.attention, wanted)
 
     @property
     def head_dim(self) -> int:

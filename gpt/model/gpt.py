@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt import kernels as attention
+from gpt import kernels
 from gpt.model import design as designs
 from gpt.model.activations import ACTIVATIONS
 from gpt.model.config import GPTConfig
@@ -62,7 +62,7 @@ class CausalSelfAttention(nn.Module):
         self.add_projections(config)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.kernel = attention.get(config.attention, config.attention_backend)
+        self.kernel = kernels.get(config.attention, config.attention_backend)
         self.parts = designs.active(config)  # a plain list of Design objects: their hooks act on this layer
         for part in self.parts:
             part.build(self, config)

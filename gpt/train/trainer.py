@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpt import kernels as attention
+from gpt import kernels
 from gpt.device import autocast, configure_for_training, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.train import build, decay, distributed, metrics, optim, parallelize, visuals
@@ -40,7 +40,7 @@ def train(run: RunConfig, run_dir: Path, log: Callable[[str], None] = print, ove
     Under torchrun, every rank calls this; rank 0's run_dir is used by all and only rank 0 writes.
     """
     device = resolve_device(run.device.type)
-    attention.check_trainable(run.model.attention, device, run.model.dropout)
+    kernels.check_trainable(run.model.attention, device, run.model.dropout)
     precision = resolve_precision(run.precision, device)
     ranks, device = distributed.setup(device)
     run_dir = Path(distributed.broadcast(str(run_dir), ranks))
