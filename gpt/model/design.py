@@ -139,8 +139,9 @@ class Design:
 
 
 def modeling_file(name: str) -> str:
-    """The path of a built-in design's remote-code part, gpt/interop/modeling/<name>.py."""
-    return str(Path(__file__).resolve().parent / "modeling" / f"{name}.py")
+    """The path of a built-in design's remote-code part, gpt/interop/modeling/<name>.py: a file an export copies
+    (gpt.interop.targets), never imported."""
+    return str(Path(__file__).resolve().parent.parent / "interop" / "modeling" / f"{name}.py")
 
 
 def field_default(config: GPTConfig, name: str) -> Any:
