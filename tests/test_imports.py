@@ -363,3 +363,28 @@ def test_writers_take_atomic_write_from_gpt_files():
                        if isinstance(node, ast.ImportFrom) and node.module != "gpt.files"
                        and any(a.name in ("atomic_write", "atomic_write_all", "load_archive") for a in node.names))
     assert elsewhere == []
+
+
+USERS_NAMES = """
+import gpt.attention.masks, gpt.kernels.masks
+from gpt import GPT, GPTConfig, attention, kernels
+from gpt.attention.masks import combine, expand_kv
+from gpt.designs import Design, reference, register
+from gpt.model import GPT as ModelGPT, MLP, Block, CausalSelfAttention, Context, GPTConfig as ModelConfig
+assert attention.register is kernels.register and gpt.attention.masks is gpt.kernels.masks
+assert (ModelGPT, ModelConfig) == (GPT, GPTConfig)
+config = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, pos_embedding="rope", qk_norm=True)
+assert [d.name for d in gpt.designs.active(config)] == ["qk_norm", "rope"]  # registered with no import of gpt.designs
+"""
+
+
+def test_the_names_users_type_still_import():
+    """What users' code and design files import keeps working after the relayout (gpt.attention is gpt.kernels, the
+    model's names come from gpt.model), and a config read with nothing but gpt.model imported knows the designs."""
+    result = subprocess.run([sys.executable, "-c", USERS_NAMES], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    for command in (["-m", "gpt.attention", "cpu"], ["-m", "gpt.consolidate"]):
+        done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert "Traceback" not in done.stderr and done.returncode in (0, 2), done.stderr

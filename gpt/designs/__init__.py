@@ -8,7 +8,7 @@ imported here, and the package gpt imports this module first thing. Bring your o
 GPT_DESIGNS (gpt.designs.loading); docs/designs.md walks through one.
 """
 
-from gpt.designs import (  # noqa: F401  (each registers its design, in BUILTIN's order)
+from gpt.designs import (  # noqa: F401  (each registers its design; hooks run in BUILTIN's order)
     alibi,
     diff,
     linear,
