@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from gpt.serve.protocol import APIError
 
 log = logging.getLogger("gpt.serve")
 STATIC = Path(__file__).with_name("static")
+THREADS = 64  # the request threads (asyncio.to_thread), beyond the default min(32, CPUs + 4)
 
 
 class Job:
@@ -121,6 +123,9 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # the blocking parts of requests (templates, pictures) run on threads: enough that renderings waiting on
+        # runaway templates (MAX_RENDERERS at once, each stopped after its time) leave threads for everyone else
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
         yield
         for served in models.values():
             await asyncio.to_thread(served.engine.stop)

@@ -15,7 +15,7 @@ from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.pretrained import load_weights
 from gpt.sampling import check_sampling
-from gpt.serve.chat import ChatTemplate, ChatTemplateError, Renderer
+from gpt.serve.chat import ChatTemplate, ChatTemplateError, Renderer, RenderersBusy
 from gpt.serve.engine import Engine, Sampling
 from gpt.serve.protocol import SEED_RANGE, APIError, ChatRequest, CompletionRequest
 
@@ -123,6 +123,8 @@ def chat_prompt(served: Served, request: ChatRequest) -> list[int]:
     try:
         text = served.chat.render([m.as_template_input() for m in request.messages])
         ids = served.chat.encode(text)
+    except RenderersBusy as err:
+        raise APIError(503, f"the server is busy: {err}", code="server_busy", kind="server_error") from None
     except (ChatTemplateError, UserError) as err:
         raise APIError(400, str(err), "messages") from None
     if not ids:
