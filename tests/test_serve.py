@@ -373,7 +373,7 @@ def test_serve_script_gives_generate_scripts_text_and_serves_sixteen_clients(tmp
         assert busy.returncode == 2 and "cannot listen on 127.0.0.1" in busy.stderr and "Traceback" not in busy.stderr
     finally:
         process.send_signal(2)  # Ctrl-C
-        assert process.wait(timeout=60) == 0
+        assert process.wait(timeout=60) == 130
 
 
 def test_bad_settings_are_refused_before_serving(tmp_path):

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from gpt.serve import attention, protocol
 from gpt.serve.chat import Renderer
@@ -91,20 +92,52 @@ class Job:
 async def read_json(request: Request, limit: int) -> Any:
     """The request's JSON body, refused past ``limit`` bytes (413) or when it is not JSON (400)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body has {int(declared):,} bytes; this server takes at most {limit:,} "
+    if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise APIError(413, f"the request body has {declared[:24]} bytes; this server takes at most {limit:,} "
                        "(max_body_bytes)", code="request_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"the request body is over {limit:,} bytes (max_body_bytes)", code="request_too_large")
     try:
-        return json.loads(body)
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"the request body is over {limit:,} bytes (max_body_bytes)",
+                               code="request_too_large")
+    except ClientDisconnect:  # nobody is left to answer: one line in the log, not an unexpected error
+        log.warning("%s %s: the request body broke off after %d of %s bytes (the client closed the connection); "
+                    "nothing was done", request.method, request.url.path, len(body), declared or "?")
+        raise APIError(400, "the request body broke off", code="incomplete_body") from None
+    try:
+        return json.loads(body, parse_constant=not_json, parse_float=finite, parse_int=integer)
+    except OutOfRange as err:
+        raise APIError(400, f"the request body holds {err}") from None
     except ValueError as err:
         raise APIError(400, f"the request body is not valid JSON: {err}") from None
     except RecursionError:
         raise APIError(400, "the request body's JSON is nested too deeply") from None
+
+
+def not_json(constant: str) -> None:
+    """Python's json reads NaN and Infinity; JSON (and OpenAI's API) has no such numbers."""
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+class OutOfRange(ValueError):
+    """A JSON number no parameter can take."""
+
+
+def finite(text: str) -> float:
+    """A JSON number as a float, refused when it is out of a float's range (1e999 would be infinity)."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise OutOfRange(f"the number {text[:40]}, out of a float's range")
+    return value
+
+
+def integer(text: str) -> int:
+    """A JSON integer, refused past 20 digits (no parameter takes more than 64 bits)."""
+    if len(text.lstrip("-")) > 20:
+        raise OutOfRange(f"an integer of {len(text.lstrip('-')):,} digits (no parameter takes more than 20)")
+    return int(text)
 
 
 async def until_disconnected(request: Request) -> None:
@@ -323,11 +356,6 @@ def add_page_routes(app: FastAPI, models: dict[str, Served], served, max_body_by
 
     @app.post("/api/attention")
     async def page_attention(request: Request) -> dict:
-        data = await read_json(request, max_body_bytes)
-        if not isinstance(data, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        s = served(data.get("model"))
-        ids, prompt_tokens, position = data.get("ids"), data.get("prompt_tokens"), data.get("position")
-        if not isinstance(ids, list) or not isinstance(prompt_tokens, int) or not isinstance(position, int):
-            raise APIError(400, "ids (a list of token ids), prompt_tokens and position (integers) are required")
-        return await asyncio.to_thread(attention.token_picture, s, ids, prompt_tokens, position)
+        body = protocol.parse(protocol.AttentionRequest, await read_json(request, max_body_bytes))
+        s = served(body.model)
+        return await asyncio.to_thread(attention.token_picture, s, body.ids, body.prompt_tokens, body.position)

@@ -138,11 +138,11 @@ def samplings(served: Served, request: CompletionRequest | ChatRequest, sequence
     """Each sequence's settings: OpenAI's defaults (temperature 1, no top-p) where the request gives none.
 
     Sequence i samples with seed + i (a random seed when none is given), so the first matches generate.py's seed."""
-    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
-    max_tokens = default_max if max_tokens is None else max_tokens
+    given = [(name, getattr(request, name, None)) for name in ("max_completion_tokens", "max_tokens")]
+    name, max_tokens = next(((n, v) for n, v in given if v is not None), ("max_tokens", default_max))
     if not 1 <= max_tokens <= served.max_tokens:
-        raise APIError(400, f"max_tokens is {max_tokens}; this server allows 1 to {served.max_tokens} "
-                       "(its max_tokens setting)", "max_tokens")
+        raise APIError(400, f"{name} is {str(max_tokens)[:24]}; this server allows 1 to {served.max_tokens} "
+                       "(its max_tokens setting)", name)
     if not 1 <= request.n <= 16:
         raise APIError(400, f"n must be between 1 and 16, got {request.n}", "n")
     if sequences > served.engine.max_batch:
