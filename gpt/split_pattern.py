@@ -1,12 +1,15 @@
 """The regular expression of a tokenizer.json's ``Split`` pre-tokenizer, checked before the ``tokenizers`` library
-compiles it: the file is untrusted, and a pattern that backtracks catastrophically makes Oniguruma give up on
-ordinary text (the library then panics: pyo3_runtime.PanicException, "retry-limit-in-match over").
+compiles it: the file is untrusted, and a pattern that backtracks catastrophically makes Oniguruma spend minutes on a
+text, or give up on it (the library then panics: pyo3_runtime.PanicException, "retry-limit-in-match over").
 
 Refused: a repeated part (``*``, ``+``, ``{n,m}``) that itself can match in more than one way (a quantifier or an
-alternation inside it: ``(a+)+``, ``(a|ab)*``, the exponential forms), back-references and subexpression calls (not
-regular), conditionals and absent operators. Every pre-tokenizer pattern in use (GPT-2's, cl100k's, o200k's, Llama 3's,
-Qwen's, DeepSeek's) repeats single characters or classes only. What remains (``a*a*a*b``: polynomial) is bounded by
-Oniguruma's retry limit at encoding time, where gpt.tokenizer turns the library's panic into one error.
+alternation inside it: ``(a+)+``, ``(a|ab)*``: exponential); two unbounded repeats, or bounded ones that can split a
+run more than MAX_WAYS ways, followed by a part that can fail (``a*a*b``: polynomial at every position);
+back-references and subexpression calls (not regular), conditionals and absent operators. The pre-tokenizer patterns
+in use (GPT-2's, cl100k's, o200k's, Llama 3's, Qwen's, DeepSeek's) pass. What remains is at most linear at each
+position (``a+(?!a)b``: quadratic over a run of a's): Oniguruma's retry limit stops it on a long run, and
+gpt.tokenizer turns the library's panic into one error; the server refuses a prompt too long for the context
+before encoding it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import re
 
 MAX_PATTERN_CHARS = 16 * 1024  # the patterns in use are under 400 characters
 MAX_DEPTH = 64  # groups inside groups (the patterns in use nest 1 deep)
+MAX_SMALL_REPEAT = 32  # a repeat of at most this many (\p{N}{1,3}) costs a constant, not a run's length
+MAX_WAYS = 1000  # the ways bounded repeats in a row can split a run (x{0,9}y{0,9}: 100) before a part that can fail
 QUANTIFIER = re.compile(r"\*|\+|\?|\{(\d*)(,?)(\d*)\}")
 NAMED = re.compile(r"\?(?:<|P<|')[A-Za-z_]\w*[>']")  # (?<name>, (?P<name>, (?'name'
 
@@ -38,33 +43,48 @@ def problem(pattern: str) -> str | None:
 
 
 class _Scanner:
-    """A walk over the pattern's groups, alternatives and quantifiers (Oniguruma's Ruby syntax); each part reports
-    whether it can match in more than one way (holds a quantifier of varying count, or an alternation)."""
+    """A walk over the pattern's groups, alternatives and quantifiers (Oniguruma's Ruby syntax). Each part reports
+    whether it can match in more than one way (holds a quantifier of varying count, or an alternation), and how
+    many unbounded repeats it ends with (``pending``): two of them followed by a part that can fail try every way
+    of sharing a run between them at each position (a*a*b: polynomial), one is linear."""
 
     def __init__(self, pattern: str) -> None:
         self.p, self.i, self.depth = pattern, 0, 0
 
-    def alternation(self) -> bool:
-        """Alternatives up to a ')' or the end; whether they can match in more than one way."""
-        varies, branches = self.sequence(), 1
+    def alternation(self) -> tuple[bool, int]:
+        """Alternatives up to a ')' or the end: whether they vary, and the most pending repeats one ends with."""
+        varies, pending = self.sequence()
+        branches = 1
         while self.i < len(self.p) and self.p[self.i] == "|":
             self.i += 1
-            varies, branches = self.sequence() or varies, branches + 1
-        return varies or branches > 1
+            more, left = self.sequence()
+            varies, pending, branches = varies or more, max(pending, left), branches + 1
+        return varies or branches > 1, pending
 
-    def sequence(self) -> bool:
-        varies = False
+    def sequence(self) -> tuple[bool, int]:
+        varies, pending, ways, first = False, 0, 1, 0
         while self.i < len(self.p) and self.p[self.i] not in "|)":
             start = self.i
-            atom = self.atom()
-            varies = self.quantified(atom, start) or varies
-        return varies
+            inner, inner_pending = self.atom()
+            part_varies, least, most = self.quantified(inner, start)
+            if least > 0 and (pending >= 2 or ways > MAX_WAYS):  # the part can fail after parts sharing a run
+                raise Refused(f"it has repeats that can share a run ('{self.p[first:start][:60]}') followed by a "
+                              f"part that can fail ('{self.p[start:self.i][:30]}'): backtracking takes polynomial "
+                              "time on a long run of one character")
+            grows = most is None or most > MAX_SMALL_REPEAT
+            if (grows or inner_pending or most != least) and pending == 0 and ways == 1:
+                first = start
+            pending += grows + (inner_pending if most == 1 else 0)
+            ways *= 1 if grows or most is None else most - least + 1
+            varies = varies or part_varies
+        return varies, pending
 
-    def quantified(self, varies: bool, start: int) -> bool:
-        """The quantifier after an atom, if any (with its lazy ? or possessive + suffix)."""
+    def quantified(self, varies: bool, start: int) -> tuple[bool, int, int | None]:
+        """The quantifier after an atom, if any (with its lazy ? or possessive + suffix): whether the part varies,
+        and its least and most counts (None: unbounded)."""
         match = QUANTIFIER.match(self.p, self.i)
         if match is None or (match.group(0).startswith("{") and not (match.group(1) or match.group(3))):
-            return varies  # no quantifier ("{" alone is a literal brace)
+            return varies, 1, 1  # no quantifier ("{" alone is a literal brace)
         self.i = match.end()
         if self.i < len(self.p) and self.p[self.i] in "?+":
             self.i += 1
@@ -76,20 +96,19 @@ class _Scanner:
             part = self.p[start:match.start()]
             raise Refused(f"it repeats '{part[:60]}', which itself can match in more than one way (a quantifier or "
                           "an alternation inside a repeated part backtracks exponentially)")
-        return varies or most != least
+        return varies or most != least, least, most
 
-    def atom(self) -> bool:
+    def atom(self) -> tuple[bool, int]:
         ch = self.p[self.i]
-        if ch == "\\":
-            self.escape()
-            return False
-        if ch == "[":
-            self.char_class()
-            return False
         if ch == "(":
             return self.group()
-        self.i += 1
-        return False
+        if ch == "\\":
+            self.escape()
+        elif ch == "[":
+            self.char_class()
+        else:
+            self.i += 1
+        return False, 0
 
     def escape(self) -> None:
         nxt = self.p[self.i + 1 : self.i + 2]
@@ -121,7 +140,7 @@ class _Scanner:
                     return
         raise Refused("it has an unterminated '['")
 
-    def group(self) -> bool:
+    def group(self) -> tuple[bool, int]:
         self.i += 1
         self.depth += 1
         if self.depth > MAX_DEPTH:
@@ -131,13 +150,15 @@ class _Scanner:
             if end < 0:
                 raise Refused("it has an unterminated '(?#'")
             self.i = end + 1
-            return False
+            self.depth -= 1
+            return False, 0
         if self.p.startswith(("?(", "?~"), self.i):
             raise Refused("it has a conditional or absent-operator group, which this project does not take")
         flags = re.compile(r"\?[imxWDSPayu-]*\)").match(self.p, self.i)
         if flags:  # (?i): flags for the rest, no group
             self.i = flags.end()
-            return False
+            self.depth -= 1
+            return False, 0
         named = NAMED.match(self.p, self.i)
         if named:
             self.i = named.end()
@@ -147,9 +168,9 @@ class _Scanner:
                 self.i = prefix.end()
             elif self.p.startswith("?", self.i):
                 raise Refused(f"it has a group '({self.p[self.i:self.i + 4]}' this project does not know")
-        varies = self.alternation()
+        inside = self.alternation()
         if self.p[self.i : self.i + 1] != ")":
             raise Refused("it has an unterminated '('")
         self.i += 1
         self.depth -= 1
-        return varies
+        return inside

@@ -26,7 +26,7 @@ from conftest import ROOT  # noqa: E402
 from gpt import GPT, GPTConfig, checkpoint  # noqa: E402
 from gpt.serve.chat import RENDER_SECONDS  # noqa: E402
 from gpt.tokenizer import BPETokenizer, CharTokenizer  # noqa: E402
-from test_hostile_tokenizers import POLYNOMIAL, tokenizer_json  # noqa: E402
+from test_hostile_tokenizers import LINEAR, tokenizer_json  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,9 @@ CHARS = sorted(set(TEMPLATE + "abcdefghijklmnopqrstuvwxyz0123456789 ():.,=+-*\n"
 MAX_TOKENS = 64
 
 
-def save(path: Path, meta: dict, vocab_size: int) -> str:
+def save(path: Path, meta: dict, vocab_size: int, block_size: int = 128) -> str:
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=128, vocab_size=vocab_size)
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=block_size, vocab_size=vocab_size)
     checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(), "tokenizer": meta}, path)
     return str(path)
 
@@ -75,13 +75,14 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The server: a character model with a chat template that runs away on one message, and a byte-level BPE
-    model whose split pattern is polynomial (accepted when loaded; Oniguruma gives up on a long run of a's)."""
+    model (a context of 2048) whose split pattern passes the load check but makes Oniguruma give up on a long run of
+    a's."""
     folder = tmp_path_factory.mktemp("hostile_server")
     chat = save(folder / "chat.pt", CharTokenizer(CHARS).to_meta() | {"chat_template": TEMPLATE}, len(CHARS))
-    bpe_meta = BPETokenizer(tokenizer_json(POLYNOMIAL)).to_meta()
-    bpe = save(folder / "bpe.pt", bpe_meta, bpe_meta["vocab_size"])
+    bpe_meta = BPETokenizer(tokenizer_json(LINEAR)).to_meta()
+    bpe = save(folder / "bpe.pt", bpe_meta, bpe_meta["vocab_size"], block_size=2048)
     served = Server(f"ckpt={chat}", f"extra_ckpts=[{bpe}]", "port=0", "device=cpu", f"max_tokens={MAX_TOKENS}",
-                    "max_body_bytes=20000")
+                    "max_body_bytes=40000")
     served.models = {"chat": chat, "bpe": bpe}
     yield served
     if served.process.poll() is None:
@@ -197,8 +198,11 @@ def test_request_fields_are_typed_and_ranged(server, endpoint, body, status, sai
 
 def test_a_prompt_the_split_pattern_gives_up_on_is_a_400(server):
     model, since = server.models["bpe"], len(server.lines)
-    refused(post(server.url + "/v1/completions", {"model": model, "prompt": "a" * 5000 + "!", "max_tokens": 2}),
+    refused(post(server.url + "/v1/completions", {"model": model, "prompt": "a" * 20_000 + "!", "max_tokens": 2}),
             400, "the tokenizers library gave up encoding a text")
+    # longer than 2048 tokens of at most 13 bytes (<|endoftext|>'s text) can hold: refused before encoding
+    refused(post(server.url + "/v1/completions", {"model": model, "prompt": "a" * 30_000, "max_tokens": 2}),
+            400, "the prompt has 30,000 characters, more than that many tokens can hold")
     code, body = post(server.url + "/v1/completions", {"model": model, "prompt": "def f(x):", "max_tokens": 2})
     assert code == 200 and body["usage"]["completion_tokens"] == 2, body
     still_serving(server, since)

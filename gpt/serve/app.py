@@ -210,7 +210,7 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
     async def completions(request: Request):
         body = protocol.parse(protocol.CompletionRequest, await read_json(request, max_body_bytes))
         s = served(body.model)
-        prompts = completion_prompts(s, body)
+        prompts = await asyncio.to_thread(completion_prompts, s, body)  # encoding a long prompt takes a while
         job = Job(s, prompts, samplings(s, body, len(prompts) * body.n, default_max=16), body.n)
         texts = [s.tokenizer.decode(p) if body.echo else "" for p in job.prompts]
         if body.stream:

@@ -33,6 +33,18 @@ class Served:
     max_prompt_tokens: int
     max_tokens: int  # the most tokens one request may ask for
     created: int
+    longest_token: int = 1  # bytes of the tokenizer's longest token: a longer text cannot fit the context
+
+    def __post_init__(self) -> None:
+        self.longest_token = max(len(self.tokenizer.token_bytes(t)) for t in range(self.tokenizer.vocab_size))
+
+    def check_text(self, text: str, param: str) -> None:
+        """Refuse a text that cannot fit the context whatever its tokens, before encoding it: encoding costs time
+        (a tokenizer's split pattern may backtrack over a long run: gpt.split_pattern)."""
+        if len(text) > self.max_prompt_tokens * self.longest_token:  # characters <= UTF-8 bytes
+            raise APIError(400, f"this model's maximum context length is {self.max_prompt_tokens} tokens; the "
+                           f"prompt has {len(text):,} characters, more than that many tokens can hold", param,
+                           "context_length_exceeded")
 
     def describe(self) -> dict:
         """What the page shows of the model: its size, the options where it differs from GPT-2 and the attention
@@ -96,6 +108,7 @@ def completion_prompts(served: Served, request: CompletionRequest) -> list[list[
 
 def prompt_ids_of(served: Served, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
+        served.check_text(prompt, "prompt")
         try:
             return prompt_ids(served.tokenizer, prompt)
         except UserError as err:  # a character the vocabulary lacks
@@ -122,6 +135,7 @@ def chat_prompt(served: Served, request: ChatRequest) -> list[int]:
         raise APIError(400, "messages must hold at least one message", "messages")
     try:
         text = served.chat.render([m.as_template_input() for m in request.messages])
+        served.check_text(text, "messages")
         ids = served.chat.encode(text)
     except RenderersBusy as err:
         raise APIError(503, f"the server is busy: {err}", code="server_busy", kind="server_error") from None
