@@ -126,6 +126,7 @@ def test_a_runaway_template_holds_only_its_own_request(server):
     stopped (the renderers were one queue: a normal chat waited for every runaway ahead of it, 2 s each)."""
     answers: dict[str, tuple] = {}
     since = len(server.lines)
+    assert chat(server, "hello")[0] == 200  # a server that has been serving: its renderers started
 
     def send(name: str, content: str) -> None:
         answers[name] = (*chat(server, content), time.monotonic())
