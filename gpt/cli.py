@@ -74,6 +74,8 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
             as_command = argv is None  # this process is the command: it ends when main() does
             if as_command:
                 gc.freeze()  # start-up's objects (torch, Hydra, this package) live as long as the process
+                if asked != "1":  # a Rust library's panic the project reports as one error (gpt.tokenizer) prints
+                    os.environ["RUST_BACKTRACE"] = "0"  # its note, not its stack (read once, at the first panic)
             os.environ["HYDRA_FULL_ERROR"] = "1"  # while composing, Hydra raises config errors instead of printing
             command = sys.argv
             if argv is not None:
