@@ -36,7 +36,8 @@ class ChatTemplateError(Exception):
 
 
 class RenderersBusy(ChatTemplateError):
-    """Every renderer was busy for WAIT_SECONDS (several runaway templates at once): a 503, retry shortly."""
+    """Every renderer was busy for WAIT_SECONDS (several runaway templates at once), or none could be started:
+    a 503, retry shortly."""
 
 
 class Renderer:
@@ -115,7 +116,7 @@ class Renderer:
     def _start_spare(self) -> None:
         try:
             process = self._start_counted()
-        except ChatTemplateError:
+        except ChatTemplateError:  # the next request starts one itself, and says why if it cannot
             return
         self._give_back(process, healthy=True)
 
@@ -143,9 +144,13 @@ class Renderer:
 
 def start_worker(memory: int) -> subprocess.Popen:
     """A worker process, waited for until it has imported Jinja (not part of any time limit)."""
-    process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
-        [sys.executable, "-I", str(WORKER), str(memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, encoding="utf-8")
+    try:
+        process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
+            [sys.executable, "-I", str(WORKER), str(memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, encoding="utf-8")
+    except OSError as err:  # no process to be had (a limit on processes, memory)
+        said = f"could not start a chat template renderer ({err.strerror or err}); retry shortly"
+        raise RenderersBusy(said) from None
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], START_SECONDS)
     if not ready or not process.stdout.readline():
