@@ -1,0 +1,160 @@
+"""Issue 46's battery for runs' own files and bounds: the arena's and time-to-loss's records on resume, plans that
+cannot finish, folders the arena did not write, adapters on resume, users' design files at every script.
+
+Each case: exit code 2 (130 for Ctrl-C), exactly one `error:` line naming the problem, no traceback, every file
+already written byte for byte as it was, no temporary file left. Refusals that need no fresh interpreter call the
+script's main() in this process (conftest.run_inline); the cases about signals start a process and are slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_inline, save_char_model
+from gpt.bench import arena_runs
+
+QUICK = ["arena.quick=true", "arena.tokens=8192", "arena.eval_tokens=1024", "arena.decode_tokens=8", "device=cpu"]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def refused(result, named: str, code: int = 2) -> str:
+    """The one error line of a refused command (exit ``code``, no traceback) naming ``named``."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(errors) == 1 and named in errors[0], result.stderr[-3000:]
+    return errors[0]
+
+
+def no_temporary_files(folder: Path) -> None:
+    left = [p for p in folder.rglob("*") if ".tmp" in p.name or p.name.startswith(".tmp")]
+    assert not left, left
+
+
+# --- class 6: bounds --------------------------------------------------------------------------------------------
+
+def test_an_arena_plan_that_cannot_finish_is_refused_at_once_saying_what_it_costs(tmp_path):
+    started = time.perf_counter()
+    result = run_inline("arena", "arena.seeds=100000000", "arena.variants=[gpt2,rope]", f"out_dir={tmp_path / 'a'}")
+    line = refused(result, "200,000,000 runs (2 variants x 100,000,000 seeds)")
+    assert "training tokens" in line and "more than the 1,000 runs" in line
+    assert time.perf_counter() - started < 10  # not a plan of a hundred million cells built first
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_variant_value_of_the_wrong_type_names_the_setting_and_the_value():
+    result = run_inline("arena", "arena.variants=['model.dropout=high']", "out_dir=/tmp/never")
+    line = refused(result, "model.dropout")
+    assert "'high'" in line and "not supported" not in line
+
+
+# --- class 5: the arena's own files on resume ----------------------------------------------------------------------
+
+def finished_arena(out: Path, data_args: list[str], variants: str = "[gpt2,rope]") -> list[str]:
+    """An arena out_dir whose every cell is finished (arena_cell.json as the arena writes it, an arena_result.json
+    of plausible figures), reported once by the real script: the arguments that read it back."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import ROOT
+    from gpt.bench.arena import plan
+    from gpt.schema import register, typed
+
+    args = [*QUICK, f"arena.variants={variants}", f"out_dir={out}", *data_args]
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = typed(compose(config_name="arena", overrides=args))
+    for i, cell in enumerate(plan(cfg)):
+        folder = Path(cell.run.out_dir)
+        arena_runs.start(folder, cell.run)
+        arena_runs.save(folder, {
+            "params": 1000 + i, "steps": 4, "tokens": 8192, "val_loss": 2.0 + i, "val_bpb": 3.0 + i,
+            "val_tokens": 1024, "tokens_per_s": 5000.0, "peak_mib": 100.0, "kv_bytes_per_token": 512,
+            "decode_tok_s": 300.0, "train_s": 2.0,
+            "curve": [{"tokens": 2048 * k, "seconds": float(k), "train": float("nan") if k == 0 else 2.5,
+                       "val": 2.5 - k / 10} for k in range(3)],
+            "attention": [[1.0, 0.0], [0.5, 0.5]]})
+    result = run_inline("arena", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return args
+
+
+TAMPERED = {  # what a tampered result holds -> what the error names
+    "renamed row": ({"group": "gpt2", "variant": "../gpt2"}, "'group' is not a field an arena result holds"),
+    "string figure": ({"val_bpb": "3.1"}, "val_bpb is missing or not a number"),
+    "huge integer": ({"params": "HUGE"}, "params"),
+    "ragged map": ({"attention": [[1.0], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
+    "map of text": ({"attention": [["a", "b"], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
+    "curve of a number": ({"curve": 7}, "curve must be a list"),
+    "curve point": ({"curve": [{"tokens": [], "seconds": 1, "train": 1, "val": 1}]}, "curve[0].tokens"),
+    "deep nesting": ({"curve": "DEEP"}, "nested"),
+    "not an object": (None, "must be a JSON object"),
+}
+
+
+@pytest.fixture(scope="module")
+def arena_out(tmp_path_factory, data_args) -> tuple[Path, list[str]]:
+    out = tmp_path_factory.mktemp("arena") / "out"
+    return out, finished_arena(out, data_args)
+
+
+@pytest.mark.parametrize("case", list(TAMPERED))
+def test_a_tampered_arena_result_is_refused_and_no_row_is_replaced(arena_out, case):
+    out, args = arena_out
+    path = out / "rope" / "seed1337" / arena_runs.RESULT_FILE
+    original = path.read_bytes()
+    change, named = TAMPERED[case]
+    text = original.decode()
+    if change is None:
+        text = "[1, 2]"
+    else:
+        row = json.loads(text)
+        row.update(change)
+        text = json.dumps(row)
+        text = text.replace('"HUGE"', "9" * 5000).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+    before = snapshot(out)
+    path.write_text(text)
+    try:
+        refused(run_inline("arena", *args), named)
+        assert snapshot(out) == {**before, str(path): hashlib.sha256(text.encode()).hexdigest()}
+        no_temporary_files(out)
+    finally:
+        path.write_bytes(original)
+
+
+@pytest.mark.parametrize("content, named", [
+    ('{"a": ' * 5000 + "1" + "}" * 5000, "nested"),
+    ('{"seed": ' + "7" * 5000 + "}", "5000 digits"),
+    ("[1, 2]", "is not a JSON object"),
+    ('{"seed": "1337"}', "another configuration"),
+], ids=["deep", "huge integer", "array", "wrong type"])
+def test_a_tampered_arena_cell_record_is_refused(arena_out, content, named):
+    out, args = arena_out
+    path = out / "gpt2" / "seed1337" / arena_runs.CELL_FILE
+    original = path.read_bytes()
+    path.write_text(content)
+    before = snapshot(out)
+    try:
+        refused(run_inline("arena", *args), named)
+        assert snapshot(out) == before
+    finally:
+        path.write_bytes(original)
+
+
+def test_the_arena_refuses_an_out_dir_whose_folders_hold_a_training_run_it_did_not_write(tmp_path, data_args):
+    for inside in ("gpt2", "", "rope/seed1337"):
+        out = tmp_path / f"out{len(inside)}"
+        (out / inside).mkdir(parents=True)
+        save_char_model(out / inside / "ckpt.pt", "ab", n_layer=1, n_head=1, n_embd=8, block_size=8)
+        (out / inside / "train.log").write_text("step 0\n")
+        before = snapshot(out)
+        line = refused(run_inline("arena", *QUICK, "arena.variants=[gpt2,rope]", f"out_dir={out}", *data_args),
+                       "that this arena did not start")
+        assert str(out / inside).rstrip("/") in line
+        assert snapshot(out) == before and not (out / "arena.md").exists()
