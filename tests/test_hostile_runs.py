@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import run_inline, save_char_model
+from conftest import ROOT, run_inline, save_char_model
 from gpt.bench import arena_runs
 
 QUICK = ["arena.quick=true", "arena.tokens=8192", "arena.eval_tokens=1024", "arena.decode_tokens=8", "device=cpu"]
@@ -158,3 +162,43 @@ def test_the_arena_refuses_an_out_dir_whose_folders_hold_a_training_run_it_did_n
                        "that this arena did not start")
         assert str(out / inside).rstrip("/") in line
         assert snapshot(out) == before and not (out / "arena.md").exists()
+
+
+# --- signals -----------------------------------------------------------------------------------------------------
+
+def start_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
+    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")])}
+    env.pop("HYDRA_FULL_ERROR", None)
+    command = name.split() if name.startswith("-m ") else [str(ROOT / "scripts" / f"{name}.py")]
+    return subprocess.Popen([sys.executable, *command, *args], env=env, text=True, cwd=cwd or ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
+    """The output of ``proc`` up to the line holding ``text`` (it must come before ``timeout`` seconds)."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    proc.kill()
+    pytest.fail(f"{text!r} never came; output:\n{''.join(seen)[-3000:]}")
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_long_evaluation_inside_training_stops_it_within_seconds(tmp_path, data_args):
+    proc = start_script("train", "model=tiny", *data_args, "device=cpu", f"out_dir={tmp_path / 'run'}",
+                        "train.eval_iters=1000000", "train.max_iters=10")  # an evaluation of hours
+    wait_for_line(proc, "batch:")  # the step-0 evaluation starts next
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30, out
+    assert proc.returncode == 0 and "Traceback" not in out and "stopped by SIGTERM after step 0" in out, out
+    assert (tmp_path / "run" / "ckpt.pt").is_file()
