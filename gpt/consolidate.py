@@ -14,6 +14,7 @@ from gpt import checkpoint
 from gpt import sharded_checkpoint as sharded
 from gpt.cli import report_user_errors
 from gpt.errors import UserError
+from gpt.files import sigterm_interrupts
 
 
 def consolidate(run_dir: Path) -> Path:
@@ -33,7 +34,8 @@ def main(argv: list[str]) -> None:
         print("usage: python -m gpt.consolidate RUN_DIR  (writes RUN_DIR/ckpt.pt from RUN_DIR/ckpt.dcp)",
               file=sys.stderr)
         raise SystemExit(2)
-    out = report_user_errors(lambda: consolidate(Path(argv[0])))
+    with sigterm_interrupts():  # SIGTERM stops like Ctrl-C: no partial ckpt.pt, exit 130
+        out = report_user_errors(lambda: consolidate(Path(argv[0])))
     print(f"wrote {out}: it resumes with or without train.fsdp; generate, export and eval read it")
 
 

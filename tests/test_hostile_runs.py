@@ -202,3 +202,51 @@ def test_sigterm_during_a_long_evaluation_inside_training_stops_it_within_second
     assert time.monotonic() - started < 30, out
     assert proc.returncode == 0 and "Traceback" not in out and "stopped by SIGTERM after step 0" in out, out
     assert (tmp_path / "run" / "ckpt.pt").is_file()
+
+
+def test_ctrl_c_while_consolidate_writes_exits_130_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from gpt import GPT, GPTConfig, files
+    from gpt import sharded_checkpoint as sharded
+    from gpt.consolidate import main as consolidate_main
+    from test_sharded_checkpoint import write_step
+
+    monkeypatch.setattr("test_sharded_checkpoint.CONFIG", GPTConfig(n_layer=2, n_head=2, n_embd=256, block_size=8,
+                                                                     vocab_size=12))
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=256, block_size=8, vocab_size=12))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 12, (2, 8))
+    model(x, x)[1].backward()
+    optimizer.step()
+    run_dir = tmp_path / "run"
+    sharded.commit(run_dir, write_step(run_dir, 3, model, optimizer))
+    (run_dir / "ckpt.pt").write_bytes(b"an older consolidation")
+    before = snapshot(run_dir)
+
+    class CtrlCMidway:  # the file torch.save streams into; Ctrl-C arrives once a megabyte is written
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += len(data)
+            if self.n > 1 << 20 and self.n - len(data) <= 1 << 20:
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(files, "open", lambda path, mode: CtrlCMidway(open(path, mode)), raising=False)
+    with pytest.raises(SystemExit) as stop:
+        consolidate_main([str(run_dir)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and "Traceback" not in err and "interrupted (SIGINT)" in err, err
+    assert snapshot(run_dir) == before
+    no_temporary_files(run_dir)
