@@ -210,6 +210,9 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log, choice: str
         if isinstance(err, KeyboardInterrupt):
             raise KeyboardInterrupt(f"preparation stopped ({str(err) or 'Ctrl-C'}); {what}; {data_dir} is as it was") \
                 from None
+        if isinstance(err, OSError):  # a full disk (numpy's short write: "N requested and M written"), a quota
+            raise UserError(f"could not write the prepared data in {staging}: {err.strerror or err}; {what}; "
+                            f"{data_dir} is as it was", hint=WRITE_HINT) from None
         if kept:
             log(f"preparation stopped; {what}")
         raise
