@@ -312,3 +312,58 @@ def test_a_short_write_during_data_rebuild_is_one_error_and_the_old_data_stays_u
     monkeypatch.setattr(shards.ShardWriter, "append", disk_fills)
     result = run_inline("prepare", *args, f"data.path={big_corpus(tmp_path / 'big', 4)}", "data.rebuild=true")
     check_full_disk_refusal(result, root, before)
+
+
+# --- class 4: users' design files at every entry point ----------------------------------------------------------
+
+def run_main(main, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``main(args)`` in this process with ``env`` added, as run_inline does for scripts/<name>.py."""
+    import contextlib
+    import io
+
+    out, err, saved = io.StringIO(), io.StringIO(), dict(os.environ)
+    os.environ.update(env)
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(args)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+BAD_DESIGNS = {
+    "registers a name twice": "from gpt.designs.registry import Design, register\n\n\nclass Mine(Design):\n"
+                              "    name = 'mine_twice'\n\n\nregister(Mine())\nregister(Mine())\n",
+    "takes a built-in's name": "from gpt.designs.registry import Design, register\n\n\nclass Rope(Design):\n"
+                               "    name = 'rope'\n\n\nregister(Rope())\n",
+    "raises on import": "raise RuntimeError('this design is broken')\n",
+}
+
+
+@pytest.mark.parametrize("how", ["designs=[...]", "GPT_DESIGNS"])
+@pytest.mark.parametrize("case", list(BAD_DESIGNS))
+def test_a_design_file_that_fails_on_import_is_one_error_line_at_every_entry_point(tmp_path, case, how):
+    from gpt.attention.__main__ import main as design_list
+    from gpt.designs import registry
+    from gpt.memory.__main__ import main as memory
+
+    path = tmp_path / "bad_design.py"
+    path.write_text(BAD_DESIGNS[case])
+    args, env = ([f"designs=[{path}]"], {}) if how == "designs=[...]" else ([], {"GPT_DESIGNS": str(path)})
+    known = registry.available()
+    entries = {"train": lambda a: run_inline("train", "model=tiny", "device=cpu", f"out_dir={tmp_path / 'run'}", *a,
+                                             env=env),
+               "memory planner": lambda a: run_main(memory, a, env),
+               "arena": lambda a: run_inline("arena", f"out_dir={tmp_path / 'arena'}", *a, env=env),
+               "decode benchmark": lambda a: run_inline("bench_decode", *a, env=env)}
+    if how == "GPT_DESIGNS":
+        entries["design list"] = lambda a: run_main(design_list, a, env)
+    for entry, run in entries.items():
+        line = refused(run(args), f"designs: importing {path} failed")
+        assert "already registered" in line or "this design is broken" in line, (entry, line)
+        assert registry.available() == known, entry  # nothing of the failed file stays registered
+    assert not (tmp_path / "run").exists() and not (tmp_path / "arena").exists()
