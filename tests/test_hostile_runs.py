@@ -367,3 +367,64 @@ def test_a_design_file_that_fails_on_import_is_one_error_line_at_every_entry_poi
         assert "already registered" in line or "this design is broken" in line, (entry, line)
         assert registry.available() == known, entry  # nothing of the failed file stays registered
     assert not (tmp_path / "run").exists() and not (tmp_path / "arena").exists()
+
+
+# --- class 3: LoRA adapters on resume ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A LoRA chat run of 2 steps (chat.lora_rank=4) and the command-line arguments that resume it."""
+    from test_chat_data import CONVERSATIONS, save_base, sft, write_jsonl
+
+    tmp = tmp_path_factory.mktemp("lora")
+    save_base(tmp / "base.pt")
+    run = sft(tmp, "run", "train.max_iters=2", "chat.lora_rank=4", "train.eval_interval=2")
+    data = write_jsonl(tmp / "chat.jsonl", [{"messages": CONVERSATIONS[i % 2]} for i in range(20)])
+    args = ["device=cpu", f"chat.data={data}", "train.batch_size=2", f"init_from={tmp / 'base.pt'}",
+            "train.eval_iters=1", "train.sample_tokens=0", "train.warmup_iters=0", "train.learning_rate=1e-2",
+            "train.schedule=constant", "train.eval_interval=2", f"out_dir={run}", "train.max_iters=4", "resume=true"]
+    return run, args
+
+
+def tampered_adapter(change):
+    def tamper(payload):
+        key = "transformer.h.0.attn.c_attn.lora_A.default.weight"
+        assert key in payload["adapter"], sorted(payload["adapter"])
+        change(payload["adapter"], key)
+    return tamper
+
+
+ADAPTER_CASES = {
+    "another rank": (None, ["chat.lora_rank=8"], "has shape [4, 32], this run's adapters (chat.lora_rank=8) need"),
+    "another shape": (tampered_adapter(lambda a, k: a.__setitem__(k, a[k][:, :5].clone())), ["chat.lora_rank=4"],
+                      "has shape [4, 5]"),
+    "not a tensor": (tampered_adapter(lambda a, k: a.__setitem__(k, [1.0, 2.0])), ["chat.lora_rank=4"],
+                     "is a list, not a floating-point tensor"),
+    "integer tensor": (tampered_adapter(lambda a, k: a.__setitem__(k, a[k].long())), ["chat.lora_rank=4"],
+                       "is a torch.int64 tensor"),
+    "an unknown entry": (tampered_adapter(lambda a, k: a.__setitem__("x.lora_Z", a.pop(k))), ["chat.lora_rank=4"],
+                         "holds 'x.lora_Z'"),
+    "not a mapping": (lambda payload: payload.__setitem__("adapter", "adapters"), ["chat.lora_rank=4"],
+                      "its adapter entry is a str"),
+}
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, case):
+    import torch
+
+    run, args = lora_run
+    tamper, extra, named = ADAPTER_CASES[case]
+    original = (run / "ckpt.pt").read_bytes()
+    try:
+        if tamper is not None:
+            payload = torch.load(run / "ckpt.pt", weights_only=True)
+            tamper(payload)
+            torch.save(payload, run / "ckpt.pt")
+        before = snapshot(run)
+        line = refused(run_inline("train", *args, *extra), named)
+        assert str(run / "ckpt.pt") in line and "adapter" in line
+        assert snapshot(run) == before
+        no_temporary_files(run)
+    finally:
+        (run / "ckpt.pt").write_bytes(original)

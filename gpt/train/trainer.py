@@ -120,7 +120,7 @@ class Trainer:
             init_weights = None  # the base of the adapters, loaded
             log(lora.describe(self.state.model))
         if resume_from is not None:
-            self.state.load_state_dict(resume_from, ranks, log)
+            self.state.load_state_dict(resume_from, ranks, log, source)
             how = "decaying" if source == decay_source else "resumed"
             log(f"{how} from {source} at step {self.state.step}")
         elif init_weights is not None:
