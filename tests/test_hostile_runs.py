@@ -428,3 +428,59 @@ def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, ca
         no_temporary_files(run)
     finally:
         (run / "ckpt.pt").write_bytes(original)
+
+
+# --- class 5 and 6: time to loss -----------------------------------------------------------------------------------
+
+def ttl_record(seed: int = 1) -> dict:
+    summary = {"tokens": 30 * 256, "step": 30, "final_val_loss": 2.1, "tokens_per_sec": 5000.0, "wall_s": 9.0,
+               "peak_memory_bytes": 2**27}
+    return {"recipe": "gpt2", "seed": seed, "launched": 1000.0, "summary": summary,
+            "curve": [[10 * i, 1001.0 + i, 3.0 - 0.3 * i] for i in range(4)]}
+
+
+TTL_TAMPERED = {
+    "another run's record": (lambda r: r.update(seed=2), "not this folder's gpt2 seed 1"),
+    "a renamed recipe": (lambda r: r.update(recipe="../modern"), "not this folder's gpt2 seed 1"),
+    "a string figure": (lambda r: r["summary"].update(step="30"), "summary.step must be a number"),
+    "a huge integer": (lambda r: r["summary"].update(tokens="HUGE"), "summary.tokens must be a number"),
+    "a ragged curve": (lambda r: r["curve"].append([50, 1005.0]), "curve[4] must be [step, seconds, loss]"),
+    "a curve of text": (lambda r: r.update(curve="no"), "curve must be a list"),
+    "deep nesting": (lambda r: r.update(curve="DEEP"), "nested"),
+    "an unknown field": (lambda r: r.update(extra=1), "'extra' is not a field"),
+}
+
+
+@pytest.mark.parametrize("case", list(TTL_TAMPERED))
+def test_a_tampered_time_to_loss_record_is_refused(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)  # out_dir relative to the folder the command runs in
+    folder = tmp_path / "ttl" / "gpt2-seed1"
+    folder.mkdir(parents=True)
+    args = ["recipes=[gpt2]", "seeds=[1]", "out_dir=ttl"]
+    (folder / "time_to_loss.json").write_text(json.dumps(ttl_record()))
+    assert run_inline("time_to_loss", *args).returncode == 0  # the untouched record is read back and reported
+    assert "| gpt2 |" in (tmp_path / "ttl" / "time_to_loss.md").read_text()
+    change, named = TTL_TAMPERED[case]
+    record = ttl_record()
+    change(record)
+    text = json.dumps(record).replace('"HUGE"', "9" * 5000).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+    (folder / "time_to_loss.json").write_text(text)
+    before = snapshot(tmp_path / "ttl")
+    refused(run_inline("time_to_loss", *args), named)
+    assert snapshot(tmp_path / "ttl") == before
+    no_temporary_files(tmp_path / "ttl")
+
+
+@pytest.mark.slow
+def test_time_to_loss_with_a_relative_out_dir_runs_from_another_folder(tmp_path, data_args):
+    from conftest import run_script
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    overrides = ["model=tiny", "device=cpu", "train.max_iters=10", "train.batch_size=4", "train.warmup_iters=2",
+                 "train.eval_iters=1", "train.sample_tokens=0", *data_args]
+    result = run_script("time_to_loss", "recipes=[gpt2]", "seeds=[1]", "eval_interval=5", "out_dir=ttl",
+                        "overrides=[" + ",".join(f"'{o}'" for o in overrides) + "]", cwd=elsewhere, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (elsewhere / "ttl" / "gpt2-seed1" / "time_to_loss.json").is_file()
+    assert (elsewhere / "ttl" / "time_to_loss.md").is_file() and not (ROOT / "ttl").exists()
