@@ -484,3 +484,59 @@ def test_time_to_loss_with_a_relative_out_dir_runs_from_another_folder(tmp_path,
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert (elsewhere / "ttl" / "gpt2-seed1" / "time_to_loss.json").is_file()
     assert (elsewhere / "ttl" / "time_to_loss.md").is_file() and not (ROOT / "ttl").exists()
+
+
+# --- left from rounds 2 and 3: records and names in a corpus ----------------------------------------------------
+
+@pytest.mark.parametrize("value, named", [("9" * 5000, "the 'text' field is a 5,000-digit integer, not text"),
+                                          ("[1, 2]", "the 'text' field is list, not text"),
+                                          ('{"a": "b"}', "the 'text' field is dict, not text"),
+                                          ("true", "the 'text' field is bool, not text")],
+                         ids=["huge integer", "list", "object", "bool"])
+def test_a_jsonl_record_whose_text_is_not_text_is_refused_naming_file_and_line(tmp_path, value, named):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = [json.dumps({"text": f"document {i} " * 20}) for i in range(30)]
+    lines[6] = '{"text": ' + value + "}"
+    (corpus / "part.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_inline("prepare", "data=files", "data.tokenizer=char", f"data.path={corpus}",
+                        f"data.root={tmp_path / 'data'}")
+    refused(result, f"{corpus / 'part.jsonl'}:7: {named}")
+    assert not any((tmp_path / "data").rglob("*.bin"))
+
+
+def test_a_conversation_whose_content_is_a_huge_integer_is_a_bad_record(tmp_path):
+    from gpt.data.conversations import read_conversations
+    from gpt.errors import UserError
+
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good).replace('"hello"', "9" * 5000) + "\n")
+    with pytest.raises(UserError, match=r"chat.jsonl:2: message 1's content is not text"):
+        read_conversations(str(path))
+    conversations, skipped = read_conversations(str(path), skip_bad=True)
+    assert len(conversations) == 1 and skipped.count == 1
+
+
+@pytest.mark.slow
+def test_a_corpus_with_file_names_that_are_not_utf8_prepares_and_trains_a_tokenizer(tmp_path):
+    from conftest import run_script, write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    os.mkdir(os.fsencode(corpus) + b"/sub\xe9")
+    with open(os.fsencode(corpus) + b"/sub\xe9/lat\xe9.py", "wb") as f:
+        f.write(b"def x():\n    return '\xe9'\n" * 50)  # a latin-1 file under a latin-1 name
+    with open(os.fsencode(corpus) + b"/bin\xff.dat", "wb") as f:
+        f.write(bytes(range(256)) * 10)  # a binary file, skipped, under a name that is no UTF-8
+    result = run_script("prepare", "data=text", f"data.path={corpus}", f"data.root={tmp_path / 'data'}")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "13 files" in result.stdout or "14 files" in result.stdout, result.stdout
+    tokenizer = run_script("train_tokenizer", "data=text", f"data.path={corpus}", f"data.root={tmp_path / 'd2'}",
+                           "tokenizer.vocab_size=300", f"out={tmp_path / 'tok'}", "evaluate=false")
+    assert tokenizer.returncode == 0 and "Traceback" not in tokenizer.stderr, tokenizer.stderr[-3000:]
+    only_binary = tmp_path / "binary"
+    only_binary.mkdir()
+    with open(os.fsencode(only_binary) + b"/bin\xff.dat", "wb") as f:
+        f.write(bytes(range(256)) * 10)
+    refused(run_script("prepare", "data=text", f"data.path={only_binary}", f"data.root={tmp_path / 'd3'}"),
+            "holds no text: 1 binary file(s) were skipped")
