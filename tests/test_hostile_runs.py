@@ -540,3 +540,15 @@ def test_a_corpus_with_file_names_that_are_not_utf8_prepares_and_trains_a_tokeni
         f.write(bytes(range(256)) * 10)
     refused(run_script("prepare", "data=text", f"data.path={only_binary}", f"data.root={tmp_path / 'd3'}"),
             "holds no text: 1 binary file(s) were skipped")
+
+
+def interrupted_case() -> dict:
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_inside_an_isolated_case_is_its_result_not_a_traceback(capfd):
+    from gpt.bench.isolate import run_isolated
+
+    result = run_isolated(interrupted_case, {}, timeout_s=60)
+    assert result == {"error": "interrupted (Ctrl-C)", "stop": True}
+    assert "Traceback" not in capfd.readouterr().err
