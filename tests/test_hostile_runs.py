@@ -552,3 +552,31 @@ def test_ctrl_c_inside_an_isolated_case_is_its_result_not_a_traceback(capfd):
     result = run_isolated(interrupted_case, {}, timeout_s=60)
     assert result == {"error": "interrupted (Ctrl-C)", "stop": True}
     assert "Traceback" not in capfd.readouterr().err
+
+
+# --- left from rounds 2 and 3: exports ------------------------------------------------------------------------------
+
+def test_a_remote_code_export_declares_its_context_and_generates_past_it(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from gpt import GPT, GPTConfig, hf_targets, pretrained
+    from gpt.tokenizer import CharTokenizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=12, qk_norm=True)).eval()
+    assert hf_targets.choose(model.config) == "remote" and "wpe" in model.transformer  # learned positions
+    out = pretrained.export(model.state_dict(), model.config, CharTokenizer(list("abcdefghijkl")).to_meta(),
+                            tmp_path / "exp")
+    config = json.loads((out / "config.json").read_text())
+    assert config["max_position_embeddings"] == config["n_positions"] == 8
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    assert theirs.config.max_position_embeddings == 8
+    prompt = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        tokens = theirs.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+        assert tokens.shape == (1, 23)  # past the context of 8: the window slid, no IndexError
+        last = model(tokens[:, -9:-1])[0][0, -1].argmax()  # the native model on the last 8 tokens agrees
+        assert tokens[0, -1] == last
+        with pytest.raises(ValueError, match="sequence length 9 exceeds the model's context of 8 tokens"):
+            theirs(torch.zeros(1, 9, dtype=torch.long))
