@@ -580,3 +580,20 @@ def test_a_remote_code_export_declares_its_context_and_generates_past_it(tmp_pat
         assert tokens[0, -1] == last
         with pytest.raises(ValueError, match="sequence length 9 exceeds the model's context of 8 tokens"):
             theirs(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
+    gguf = pytest.importorskip("gguf")
+
+    save_char_model(tmp_path / "ckpt.pt", "abcdefgh", n_layer=1, n_head=2, n_embd=16, block_size=8)
+    out = tmp_path / "models" / "tiny.gguf"
+    result = run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}")
+    assert result.returncode == 0, result.stderr
+    assert out.is_file() and f"wrote {out}" in result.stdout
+    assert gguf.GGUFReader(out).fields["general.architecture"].contents() == "gpt2"
+    before = out.read_bytes()
+    refused(run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}"), "already exists")
+    assert out.read_bytes() == before and sorted(p.name for p in out.parent.iterdir()) == ["tiny.gguf"]
+    folder = tmp_path / "folder"
+    assert run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={folder}").returncode == 0
+    assert (folder / "model-f16.gguf").is_file()  # a folder: model-<gguf_type>.gguf inside, as before
