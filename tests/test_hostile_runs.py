@@ -597,3 +597,39 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     folder = tmp_path / "folder"
     assert run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={folder}").returncode == 0
     assert (folder / "model-f16.gguf").is_file()  # a folder: model-<gguf_type>.gguf inside, as before
+
+
+class _LeavesMarker:
+    """Pickled, it calls os.system: what a hostile checkpoint would run if it were unpickled without weights_only."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_hostile_adapter_or_a_checkpoint_naming_a_design_file_never_runs_code(lora_run, tmp_path):
+    import torch
+
+    run, args = lora_run
+    marker = tmp_path / "ran"
+    original = (run / "ckpt.pt").read_bytes()
+    try:
+        payload = torch.load(run / "ckpt.pt", weights_only=True)
+        payload["adapter"]["transformer.h.0.attn.c_attn.lora_A.default.weight"] = _LeavesMarker(marker)
+        torch.save(payload, run / "ckpt.pt")
+        refused(run_inline("train", *args, "chat.lora_rank=4"), "holds objects other than tensors")
+        assert not marker.exists()
+    finally:
+        (run / "ckpt.pt").write_bytes(original)
+    evil = tmp_path / "evil_design.py"
+    evil.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    for named in (str(evil), "os", "evil_design"):  # a file, a module, a name: never imported
+        payload = torch.load(run / "best.pt", weights_only=True) if (run / "best.pt").exists() else \
+            torch.load(run / "ckpt.pt", weights_only=True)
+        payload["model_config"]["designs"] = [named]
+        torch.save(payload, tmp_path / "named.pt")
+        line = refused(run_inline("generate", f"ckpt={tmp_path / 'named.pt'}", "device=cpu", "max_new_tokens=2"),
+                       "design")
+        assert not marker.exists(), line
