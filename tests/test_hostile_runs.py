@@ -451,24 +451,40 @@ TTL_TAMPERED = {
 }
 
 
-@pytest.mark.parametrize("case", list(TTL_TAMPERED))
-def test_a_tampered_time_to_loss_record_is_refused(tmp_path, monkeypatch, case):
-    monkeypatch.chdir(tmp_path)  # out_dir relative to the folder the command runs in
-    folder = tmp_path / "ttl" / "gpt2-seed1"
+@pytest.fixture(scope="module")
+def ttl_out(tmp_path_factory) -> Path:
+    """A time-to-loss folder (out_dir=ttl, relative) whose one run finished: its record read back and reported."""
+    root = tmp_path_factory.mktemp("ttl")
+    folder = root / "ttl" / "gpt2-seed1"
     folder.mkdir(parents=True)
-    args = ["recipes=[gpt2]", "seeds=[1]", "out_dir=ttl"]
     (folder / "time_to_loss.json").write_text(json.dumps(ttl_record()))
-    assert run_inline("time_to_loss", *args).returncode == 0  # the untouched record is read back and reported
-    assert "| gpt2 |" in (tmp_path / "ttl" / "time_to_loss.md").read_text()
+    cwd = Path.cwd()
+    os.chdir(root)  # out_dir relative to the folder the command runs in
+    try:
+        assert run_inline("time_to_loss", "recipes=[gpt2]", "seeds=[1]", "out_dir=ttl").returncode == 0
+    finally:
+        os.chdir(cwd)
+    assert "| gpt2 |" in (root / "ttl" / "time_to_loss.md").read_text()
+    return root
+
+
+@pytest.mark.parametrize("case", list(TTL_TAMPERED))
+def test_a_tampered_time_to_loss_record_is_refused(ttl_out, monkeypatch, case):
+    monkeypatch.chdir(ttl_out)
+    path = ttl_out / "ttl" / "gpt2-seed1" / "time_to_loss.json"
+    original = path.read_bytes()
     change, named = TTL_TAMPERED[case]
     record = ttl_record()
     change(record)
     text = json.dumps(record).replace('"HUGE"', "9" * 5000).replace('"DEEP"', "[" * 5000 + "]" * 5000)
-    (folder / "time_to_loss.json").write_text(text)
-    before = snapshot(tmp_path / "ttl")
-    refused(run_inline("time_to_loss", *args), named)
-    assert snapshot(tmp_path / "ttl") == before
-    no_temporary_files(tmp_path / "ttl")
+    path.write_text(text)
+    before = snapshot(ttl_out / "ttl")
+    try:
+        refused(run_inline("time_to_loss", "recipes=[gpt2]", "seeds=[1]", "out_dir=ttl"), named)
+        assert snapshot(ttl_out / "ttl") == before
+        no_temporary_files(ttl_out / "ttl")
+    finally:
+        path.write_bytes(original)
 
 
 @pytest.mark.slow
