@@ -64,7 +64,7 @@ def atomic_write_all(files: list[tuple[Path, Callable[[BinaryIO], None]]], what:
             with suppress(OSError):  # a read-only folder refuses even the removal of what it never held
                 tmp.unlink(missing_ok=True)
         if stopped and not isinstance(err, KeyboardInterrupt):  # a writer that turned the interrupt into its own
-            raise KeyboardInterrupt(signal.Signals(stopped[0]).name) from None  # error (torch.save: RuntimeError)
+            raise interrupt(stopped[0]) from None  # error (torch.save: RuntimeError)
         if not isinstance(err, OSError):
             raise
         name = (written[-1][1] if written else Path(files[0][0])).name
@@ -144,7 +144,13 @@ def signals_deferred() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
-        raise KeyboardInterrupt(signal.Signals(received[0]).name)
+        raise interrupt(received[0])
+
+
+def interrupt(signum: int) -> KeyboardInterrupt:
+    """The KeyboardInterrupt a stop signal raises: as Ctrl-C's own (no message) for SIGINT, else naming the signal,
+    so every message says "Ctrl-C" or "SIGTERM" alike wherever the signal landed."""
+    return KeyboardInterrupt("" if signum == signal.SIGINT else signal.Signals(signum).name)
 
 
 def output_path(value: str | None, option: str, suffix: str | None = None, folder: bool = False) -> Path:

@@ -247,7 +247,7 @@ def test_ctrl_c_while_consolidate_writes_exits_130_and_leaves_no_partial_file(tm
     with pytest.raises(SystemExit) as stop:
         consolidate_main([str(run_dir)])
     err = capsys.readouterr().err
-    assert stop.value.code == 130 and "Traceback" not in err and "interrupted (SIGINT)" in err, err
+    assert stop.value.code == 130 and "Traceback" not in err and "interrupted (Ctrl-C)" in err, err
     assert snapshot(run_dir) == before
     no_temporary_files(run_dir)
 

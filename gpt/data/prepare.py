@@ -199,7 +199,8 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log, choice: str
             committed = True
     except BaseException as err:
         if committed:  # a signal that came while the new data was put in place: it is complete
-            raise KeyboardInterrupt(f"preparation stopped ({err}) once complete: {data_dir} holds the new data") \
+            raise KeyboardInterrupt(f"preparation stopped ({str(err) or 'Ctrl-C'}) once complete: {data_dir} holds "
+                                    "the new data") \
                 from None
         kept = read_progress(staging, key)
         if kept is None:
