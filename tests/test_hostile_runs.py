@@ -53,6 +53,16 @@ def test_an_arena_plan_that_cannot_finish_is_refused_at_once_saying_what_it_cost
     assert not (tmp_path / "a").exists()
 
 
+def test_plans_of_more_tokens_or_runs_than_can_finish_are_refused(tmp_path):
+    line = refused(run_inline("arena", "arena.tokens=1000000000000000000", f"out_dir={tmp_path / 'a'}"),
+                   "7 runs (7 variants x 1 seeds) of 1,000,000,000,000,000,000 tokens")
+    assert "more than the 1e+15 training tokens" in line
+    seeds = "seeds=[" + ",".join(str(i) for i in range(600)) + "]"
+    refused(run_inline("time_to_loss", seeds, f"out_dir={tmp_path / 't'}"),
+            "2 recipes x 600 seeds is 1,200 training runs, more than the 1,000")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "t").exists()
+
+
 def test_a_variant_value_of_the_wrong_type_names_the_setting_and_the_value():
     result = run_inline("arena", "arena.variants=['model.dropout=high']", "out_dir=/tmp/never")
     line = refused(result, "model.dropout")

@@ -40,6 +40,7 @@ from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
 
 MAX_RUNS = 1000  # training runs an arena may plan (a day of quick runs; each full run takes minutes to hours)
+MAX_TOKENS = 10**15  # training tokens a plan may add up to (GPT-3 trained on 3e11; a fast GPU does ~1e6 a second)
 MAP_TOKENS = 32  # tokens of the validation text whose attention maps are drawn side by side
 
 
@@ -137,6 +138,9 @@ def check_size(cfg: ArenaConfig) -> None:
         raise ConfigError(f"the arena's plan is {plan_cost(cfg)}: more than the {MAX_RUNS:,} runs an arena may hold",
                           hint="fewer arena.seeds (3 to 10 separate most differences), variants, recipes, overrides "
                                "or sizes")
+    if cfg.arena.flops is None and n_runs(cfg) * budget(cfg) > MAX_TOKENS:
+        raise ConfigError(f"the arena's plan is {plan_cost(cfg)}: more than the {MAX_TOKENS:.0e} training tokens "
+                          "any machine trains in a year", hint="a smaller arena.tokens (the default is 1,000,000)")
 
 
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:

@@ -28,6 +28,7 @@ from gpt.files import atomic_write
 from gpt.train import recipe as training_recipes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+MAX_RUNS = 1000  # training runs (recipes x seeds) one benchmark may plan: each is a whole training process
 
 
 @dataclass
@@ -48,6 +49,11 @@ class TimeToLossConfig:
             raise ConfigError("recipes and seeds must each name at least one", hint="e.g. recipes=[gpt2,modern]")
         for name in self.recipes:
             training_recipes.settings(name)
+        if len(self.recipes) * len(self.seeds) > MAX_RUNS:
+            runs = len(self.recipes) * len(self.seeds)
+            raise ConfigError(f"{len(self.recipes)} recipes x {len(self.seeds):,} seeds is {runs:,} training runs, "
+                              f"more than the {MAX_RUNS:,} this benchmark may plan",
+                              hint="3 to 10 seeds separate most differences")
         if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"a recipe or seed is named twice: recipes={self.recipes}, seeds={self.seeds}")
         if self.target is not None and not (math.isfinite(self.target) and self.target > 0):
