@@ -72,12 +72,11 @@ def check_folder(folder: Path, run: Any, out_dir: Path | None = None) -> None:
     """Refuse a cell folder that holds another configuration's run (or a run this arena did not start), and a cell
     inside a training run's folder (out_dir or a group's folder holding one): the arena never adopts or writes
     beside what it did not write."""
-    for parent in [folder.parent, *folder.parent.parents] if out_dir is not None else []:
+    inside = [p for p in folder.parents if out_dir is not None and (p == out_dir or out_dir in p.parents)]
+    for parent in inside:  # the group's folder up to out_dir itself
         if holds_run(parent):
             raise ConfigError(f"{parent} holds a training run that this arena did not start",
                               hint="choose another out_dir for the arena")
-        if parent == out_dir:
-            break
     if (folder / CELL_FILE).exists():
         stored = read_json(folder / CELL_FILE, "the arena cell's configuration")
         if not isinstance(stored, dict):
