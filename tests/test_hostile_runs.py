@@ -105,9 +105,12 @@ TAMPERED = {  # what a tampered result holds -> what the error names
     "huge integer": ({"params": "HUGE"}, "params"),
     "ragged map": ({"attention": [[1.0], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
     "map of text": ({"attention": [["a", "b"], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
-    "curve of a number": ({"curve": 7}, "curve must be a list"),
+    "curve of a number": ({"curve": 7}, "curve must be a non-empty list, got 7"),
     "curve point": ({"curve": [{"tokens": [], "seconds": 1, "train": 1, "val": 1}]}, "curve[0].tokens"),
     "deep nesting": ({"curve": "DEEP"}, "nested"),
+    "empty map": ({"attention": []}, "attention must be a non-empty list"),
+    "empty curve": ({"curve": []}, "curve must be a non-empty list"),
+    "huge map": ({"attention": [[0.5] * 3000] * 3000}, "attention must be at most"),
     "not an object": (None, "must be a JSON object"),
 }
 

@@ -31,6 +31,7 @@ from gpt.bench.arena_plan import (  # noqa: F401  (presets, parse_variant, varia
     presets,
     variant_name,
 )
+from gpt.bench.arena_runs import MAP_SIDE
 from gpt.config import ModelConfig, ScriptConfig
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
@@ -41,7 +42,7 @@ from gpt.train.config import RunConfig, TrainConfig
 
 MAX_RUNS = 1000  # training runs an arena may plan (a day of quick runs; each full run takes minutes to hours)
 MAX_TOKENS = 10**15  # training tokens a plan may add up to (GPT-3 trained on 3e11; a fast GPU does ~1e6 a second)
-MAP_TOKENS = 32  # tokens of the validation text whose attention maps are drawn side by side
+MAP_TOKENS = MAP_SIDE  # tokens of the validation text whose attention maps are drawn side by side
 
 
 @dataclass

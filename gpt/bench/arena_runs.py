@@ -26,6 +26,7 @@ CELL_FILE = "arena_cell.json"
 RESULT_FILE = "arena_result.json"
 NUMBERS = ("params", "steps", "tokens", "val_loss", "val_bpb", "val_tokens", "tokens_per_s", "peak_mib",
            "kv_bytes_per_token", "decode_tok_s", "train_s")  # what a finished row must hold, as numbers
+MAP_SIDE = 32  # tokens of the attention map a result holds, at most (gpt.bench.arena draws that many)
 Job = TypeVar("Job")
 
 
@@ -104,10 +105,13 @@ def finished(folder: Path) -> dict[str, Any] | None:
     if unknown:
         raise record.error(f"{shown(unknown[0])} is not a field an arena result holds")
     row: dict[str, Any] = {k: _figure(record, k) for k in NUMBERS}
-    curve = record.list("curve", of=dict)
+    curve = record.list("curve", of=dict, nonempty=True)
     row["curve"] = [{k: _figure(validate.Record(point, record.where, record.hint, f"curve[{i}]"), k)
                      for k in ("tokens", "seconds", "train", "val")} for i, point in enumerate(curve)]
-    attention = record.list("attention", of=list)
+    attention = record.list("attention", of=list, nonempty=True)
+    if len(attention) > MAP_SIDE:
+        raise record.error(f"attention must be at most {MAP_SIDE} x {MAP_SIDE} (the arena draws {MAP_SIDE} tokens), "
+                           f"got {len(attention)} rows")
     for i, line in enumerate(attention):
         if len(line) != len(attention) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in line):
             raise record.error(f"attention[{i}] must be {len(attention)} numbers (a square map), got {shown(line)}")
