@@ -12,8 +12,9 @@ from pathlib import Path
 
 from gpt import checkpoint
 from gpt import sharded_checkpoint as sharded
-from gpt.cli import report_user_errors
+from gpt.cli import bring_designs, report_user_errors
 from gpt.errors import UserError
+from gpt.files import sigterm_interrupts
 
 
 def consolidate(run_dir: Path) -> Path:
@@ -33,7 +34,9 @@ def main(argv: list[str]) -> None:
         print("usage: python -m gpt.consolidate RUN_DIR  (writes RUN_DIR/ckpt.pt from RUN_DIR/ckpt.dcp)",
               file=sys.stderr)
         raise SystemExit(2)
-    out = report_user_errors(lambda: consolidate(Path(argv[0])))
+    bring_designs()  # the checkpoint's config reads the design registry: GPT_DESIGNS' files first
+    with sigterm_interrupts():  # SIGTERM stops like Ctrl-C: no partial ckpt.pt, exit 130
+        out = report_user_errors(lambda: consolidate(Path(argv[0])))
     print(f"wrote {out}: it resumes with or without train.fsdp; generate, export and eval read it")
 
 

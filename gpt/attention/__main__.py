@@ -8,6 +8,7 @@ import torch
 
 from gpt import attention
 from gpt.attention import support
+from gpt.cli import bring_designs
 from gpt.designs import registry as designs
 from gpt.designs.registry import spell
 from gpt.device import resolve_device
@@ -15,6 +16,7 @@ from gpt.device import resolve_device
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    bring_designs()  # a design file of GPT_DESIGNS that fails on import: one error line, as in every script
     device = resolve_device(argv[0] if argv else "auto")
     print(f"attention kernels on {device} (torch {torch.__version__}); each option tried on tiny tensors:\n")
     rows = support.support_table(device)
