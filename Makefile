@@ -3,6 +3,7 @@
 # make test:  install the package with its test extra, run the whole test suite, in WORKERS processes (pytest-xdist,
 #             one test file per worker at a time, one thread each: tests/conftest.py); WORKERS=0 runs it in this one.
 # make test-fast: the same without the tests marked slow (those that start the scripts as processes).
+#             Both end with the 20 slowest tests (setup, call or teardown) and their times.
 PYTHON ?= python3
 ARGS ?=
 WORKERS ?= 2
@@ -14,10 +15,10 @@ train: install
 	$(PYTHON) scripts/train.py model=small recipe=modern $(ARGS)
 
 test: install-dev
-	$(PYTHON) -m pytest $(PARALLEL) $(ARGS)
+	$(PYTHON) -m pytest $(PARALLEL) --durations=20 $(ARGS)
 
 test-fast: install-dev
-	$(PYTHON) -m pytest -m "not slow" $(PARALLEL) $(ARGS)
+	$(PYTHON) -m pytest -m "not slow" $(PARALLEL) --durations=20 $(ARGS)
 
 # Install only when something is missing, so repeated runs cost nothing (and no network is needed).
 install:

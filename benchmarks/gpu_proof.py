@@ -1,9 +1,12 @@
 """The GPU proof: every check of issue 30 in one command (scripts/gpu_proof.sh), one JSON and one Markdown summary.
 
-Each part (benchmarks.gpu_proof_parts) runs in a process of its own with a time limit drawn from the run's budget, so a
-part that fails, hangs or breaks the GPU fails alone and the summaries are always written. ``--dry-run`` runs every
+Each part (benchmarks.gpu_proof_parts) runs in a process of its own with a time limit drawn from the run's budget, so
+a part that fails, hangs or breaks the GPU fails alone and the summaries are always written. ``--dry-run`` runs every
 part on the CPU at tiny sizes. Usage: python -m benchmarks.gpu_proof [--dry-run] [--out DIR] [--parts a,b]
 [--budget-s S]
+
+Run again into the same folder, a proof replaces its previous run's work (the runs, the arena, the parts' logs) and
+then its summaries; the prepared data stays. A folder that another program wrote is refused, never cleared.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +30,9 @@ CAPS = {"kernels": 90, "train": 330, "decode": 120, "flex": 150, "arena": 150, "
 WORDS = {"kernels": "every kernel x design against float64", "train": "bench_train and the real loop",
          "decode": "greedy decoding against transformers", "flex": "FlexAttention training, compiled once",
          "arena": "the arena's quick mode, every design", "fsdp": "FSDP2 over several GPUs"}
+MARKER = ".gpu_proof"  # written first into the out folder: the folder is a proof's, to replace on the next run
+WRITTEN = {MARKER, "runs", "arena", "parts", "data", "corpus", "proof.json", "proof.md"}  # what a proof writes in it
+RUN_NAMES = re.compile(r"loop_b\d+(_flash)?|flex|fsdp")  # its training runs in out/runs (benchmarks.gpu_proof_parts)
 
 
 def run_part(name: str, out: Path, dry: bool, fsdp: int) -> dict[str, Any]:
@@ -154,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs is None:
         args.jobs = 2 if args.dry_run else 1  # on a GPU one at a time: the timings must not overlap
     args.cap_scale = 10.0 if args.dry_run else 1.0  # the caps are a GPU's; a CPU is bounded by the budget alone
+    refused = take_folder(out)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     started = time.time()
     summary = {**environment(args.dry_run), "budget_s": args.budget_s}
     summary["parts"] = run_parts(wanted, out, args)
@@ -176,11 +188,45 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def take_folder(out: Path) -> str | None:
+    """Make ``out`` this run's: a new or empty folder is marked as a proof's; an earlier proof's loses that run's
+    work (its summaries stay until this run's replace them). Why not, when ``out`` holds another program's files."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a folder"
+    try:
+        entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    except OSError as err:
+        return f"cannot read --out {out}: {err.strerror or err}"
+    earlier = (out / MARKER).is_file() or (set(entries) <= WRITTEN and any(  # or a proof's from before the marker
+        (out / "parts" / f"{name}.log").is_file() for name in PARTS))
+    if entries and not earlier:
+        return (f"--out {out} holds files that no GPU proof wrote ({', '.join(entries[:3])}"
+                f"{', ...' if len(entries) > 3 else ''}); the proof clears its own earlier work there, so it needs a "
+                "new or empty folder, or one an earlier proof wrote (the default is runs/gpu_proof)")
+    stale = [out / "parts", out / "arena"] + [p for p in sorted((out / "runs").glob("*"))
+                                              if p.is_dir() and RUN_NAMES.fullmatch(p.name)]
+    stale = [p for p in stale if p.exists()]
+    if stale:
+        print(f"replacing the earlier proof in {out}: removing {', '.join(p.name for p in stale)}", flush=True)
+    try:
+        for path in stale:
+            shutil.rmtree(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("written by scripts/gpu_proof.sh: its next run replaces the runs here\n")
+    except OSError as err:
+        return f"cannot prepare --out {out}: {err.strerror or err}"
+    return None
+
+
 def write_summaries(out: Path, summary: dict[str, Any]) -> None:
-    """proof.json (everything) and proof.md (a table of the parts, then each part's figures)."""
+    """proof.json (everything) and proof.md (a table of the parts, then each part's figures), replacing the
+    previous run's together."""
+    from gpt.files import atomic_write_all
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / "proof.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    (out / "proof.md").write_text(markdown(summary, WORDS))
+    texts = {"proof.json": json.dumps(summary, indent=1, default=str) + "\n", "proof.md": markdown(summary, WORDS)}
+    atomic_write_all([(out / name, lambda f, text=text: f.write(text.encode())) for name, text in texts.items()],
+                     "the GPU proof's summaries")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,16 @@ def report_user_errors(fn: Callable[[], T]) -> T:
         fail(err)
 
 
+def bring_designs() -> None:
+    """Load the attention designs GPT_DESIGNS names, before anything reads the registry: every entry point calls
+    this first, so a design file that fails on import is one ``error:`` line, exit 2, wherever it is used (the
+    registry's first read would otherwise load it inside Hydra's start-up or a module's import, a traceback)."""
+    from gpt.designs import loading
+    from gpt.model import design as registry
+
+    report_user_errors(lambda: (registry.available(), loading.load_environment()))
+
+
 def fail(err: UserError) -> NoReturn:
     """Print ``error: <message>`` and its hint to stderr, exit 2."""
     print(f"error: {err}", file=sys.stderr)
@@ -74,6 +84,9 @@ def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callab
             as_command = argv is None  # this process is the command: it ends when main() does
             if as_command:
                 gc.freeze()  # start-up's objects (torch, Hydra, this package) live as long as the process
+                if asked != "1":  # a Rust library's panic the project reports as one error (gpt.tokenizers) prints
+                    os.environ["RUST_BACKTRACE"] = "0"  # its note, not its stack (read once, at the first panic)
+            bring_designs()
             os.environ["HYDRA_FULL_ERROR"] = "1"  # while composing, Hydra raises config errors instead of printing
             command = sys.argv
             if argv is not None:

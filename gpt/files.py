@@ -44,14 +44,16 @@ def atomic_write_all(files: list[tuple[Path, Callable[[BinaryIO], None]]], what:
     are done. A failure or an interrupt while writing removes every temporary file and leaves every target as it
     was (an export's weights never sit beside the previous export's config.json)."""
     written: list[tuple[Path, Path]] = []
+    stopped: list[int] = []  # stop signals that came while writing
     try:
-        for path, write in files:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            written.append((tmp, path))
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
+        with signals_noted(stopped):
+            for path, write in files:
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                written.append((tmp, path))
+                with open(tmp, "wb") as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
         with signals_deferred():
             for tmp, path in written:
                 os.replace(tmp, path)
@@ -61,6 +63,8 @@ def atomic_write_all(files: list[tuple[Path, Callable[[BinaryIO], None]]], what:
         for tmp, _ in written:
             with suppress(OSError):  # a read-only folder refuses even the removal of what it never held
                 tmp.unlink(missing_ok=True)
+        if stopped and not isinstance(err, KeyboardInterrupt):  # a writer that turned the interrupt into its own
+            raise interrupt(stopped[0]) from None  # error (torch.save: RuntimeError)
         if not isinstance(err, OSError):
             raise
         name = (written[-1][1] if written else Path(files[0][0])).name
@@ -97,6 +101,35 @@ def sigterm_interrupts() -> Iterator[None]:
 
 
 @contextmanager
+def signals_noted(received: list[int]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM act as they would (each handler in place is called), and are also appended to
+    ``received``: a writer that turns the KeyboardInterrupt into an error of its own is still known to be stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:  # what the signal would have done: Ctrl-C raises, SIGTERM ends the process
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, note)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
 def signals_deferred() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait until the block is done (a few renames that must not be cut in half), then stop the
     process as they would have: a KeyboardInterrupt raised after the block."""
@@ -111,7 +144,13 @@ def signals_deferred() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
-        raise KeyboardInterrupt(signal.Signals(received[0]).name)
+        raise interrupt(received[0])
+
+
+def interrupt(signum: int) -> KeyboardInterrupt:
+    """The KeyboardInterrupt a stop signal raises: as Ctrl-C's own (no message) for SIGINT, else naming the signal,
+    so every message says "Ctrl-C" or "SIGTERM" alike wherever the signal landed."""
+    return KeyboardInterrupt("" if signum == signal.SIGINT else signal.Signals(signum).name)
 
 
 def output_path(value: str | None, option: str, suffix: str | None = None, folder: bool = False) -> Path:

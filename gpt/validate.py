@@ -48,7 +48,8 @@ def parse_json(data: bytes | str, where: str, hint: str | None = None, strict: b
     """The JSON value of ``data`` (a file's or a line's contents; ``where`` names it in errors), with every limit.
 
     ``strict=False`` (a data record, of which one field is read) keeps what strict parsing refuses in the fields
-    nobody reads: an integer of more than 20 digits stays its digits (never converted: no quadratic cost), NaN and
+    nobody reads: an integer of more than 20 digits stays its digits as a :class:`Digits` (never converted: no
+    quadratic cost; not text either, see :func:`is_text`), NaN and
     a float beyond range parse as floats. Nesting deeper than the parser's recursion is refused either way."""
     if isinstance(data, bytes):
         try:
@@ -81,8 +82,18 @@ def _int(text: str) -> int:
     return int(text)
 
 
+class Digits(str):
+    """An integer of more than MAX_INT_DIGITS digits that lenient parsing kept as its digits: a number, never text
+    (use :func:`is_text` where text belongs)."""
+
+
+def is_text(value: Any) -> bool:
+    """Whether a parsed JSON value is a string (not a huge integer lenient parsing kept as digits)."""
+    return isinstance(value, str) and not isinstance(value, Digits)
+
+
 def _lenient_int(text: str) -> int | str:
-    return text if len(text.lstrip("-")) > MAX_INT_DIGITS else int(text)
+    return Digits(text) if len(text.lstrip("-")) > MAX_INT_DIGITS else int(text)
 
 
 def _float(text: str) -> float:
@@ -194,7 +205,7 @@ class Record:
         value = self.get(key, default)
         if value is default and key not in self.value:
             return value
-        if not isinstance(value, str) or (choices is not None and value not in choices):
+        if not is_text(value) or (choices is not None and value not in choices):
             expected = f"one of {', '.join(choices)}" if choices else "a string"
             raise self.error(f"{self.name(key)} must be {expected}, got {shown(value)}")
         return value

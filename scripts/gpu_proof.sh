@@ -2,7 +2,8 @@
 # The GPU proof (issue 30), one command: every attention kernel x design against float64, bench_train against the
 # real training loop (tokens/s, MFU), greedy decoding in fp32 and bf16 against transformers on the same weights,
 # FlexAttention training, the arena's quick mode, FSDP2 when several GPUs are present. At most 10 minutes on one
-# H100/H200; writes runs/gpu_proof/proof.json and proof.md. Nothing is downloaded.
+# H100/H200; writes runs/gpu_proof/proof.json and proof.md. Nothing is downloaded. Run again, it replaces its earlier
+# run in the same --out (the prepared data is kept); a folder that no proof wrote is refused, not cleared.
 #
 #   bash scripts/gpu_proof.sh [--dry-run] [--wheels DIR] [--out DIR] [--parts kernels,train,...] [--budget-s 600]
 #
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="${2:?--wheels needs a folder}"; shift 2 ;;
     --wheels=*) wheels="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -e/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

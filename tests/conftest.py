@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -251,3 +252,44 @@ def train_stop_and_resume(overrides: list[str], tmp_path: Path, half: int = 4) -
 
     first = run(tmp_path / "resumed", half)
     return first, run(tmp_path / "resumed", 2 * half, resume=True), run(tmp_path / "straight", 2 * half)
+
+
+# --- numbers recorded on one build: bit for bit there, within a stated tolerance elsewhere (test_golden, test_compat).
+
+def environment() -> dict[str, object]:
+    """What the bits of numbers computed on a CPU depend on: torch's version and build (a CUDA build's CPU kernels
+    are not a CPU-only wheel's), the CPU's vendor and the SIMD level torch uses (ATEN_CPU_CAPABILITY lowers it)."""
+    import platform
+
+    import torch
+
+    vendor = ""
+    if Path("/proc/cpuinfo").is_file():
+        lines = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")]
+        vendor = lines[0].split(":", 1)[1].strip() if lines else ""
+    return {"torch": torch.__version__, "cuda_build": torch.version.cuda is not None,
+            "cpu_vendor": vendor or platform.processor(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine()}
+
+
+def recorded_here(recorded: dict) -> bool:
+    """Whether numbers recorded on ``recorded`` (an environment(), with an optional "note") came from this very
+    environment: every part of it recorded and the same (one recorded before all parts were is never this one)."""
+    return {k: v for k, v in recorded.items() if k != "note"} == environment()
+
+
+def check_recorded(what: str, recordings: list[tuple[dict, list[str], list[str]]], tolerance: str) -> None:
+    """Numbers against their recordings, each (its environment, what differs at all, what differs beyond the
+    tolerance): bit for bit against one recorded here, and done if any recording matches bit for bit; otherwise
+    within ``tolerance`` (its words) of every recording, with a warning that says which comparison ran."""
+    for recorded, differs, _ in recordings:
+        if recorded_here(recorded):
+            assert not differs, f"{what}: {differs} differ from what was recorded on this environment ({recorded})"
+    exact = [recorded for recorded, differs, _ in recordings if not differs]
+    if exact:
+        print(f"{what}: bit for bit, as recorded on {({k: v for k, v in exact[0].items() if k != 'note'})}")
+        return
+    for recorded, _, beyond in recordings:
+        assert not beyond, f"{what}: beyond {tolerance} of what was recorded on {recorded}: {beyond}"
+    warnings.warn(f"{what}: nothing recorded on {environment()}; compared within {tolerance} instead of bit for bit",
+                  UserWarning, stacklevel=2)

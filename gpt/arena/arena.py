@@ -31,6 +31,7 @@ from gpt.arena.plan import (  # noqa: F401  (presets, parse_variant, variant_nam
     presets,
     variant_name,
 )
+from gpt.arena.runs import MAP_SIDE
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, check_positive
@@ -39,7 +40,9 @@ from gpt.model.config import ModelConfig, ScriptConfig
 from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
 
-MAP_TOKENS = 32  # tokens of the validation text whose attention maps are drawn side by side
+MAX_RUNS = 1000  # training runs an arena may plan (a day of quick runs; each full run takes minutes to hours)
+MAX_TOKENS = 10**15  # training tokens a plan may add up to (GPT-3 trained on 3e11; a fast GPU does ~1e6 a second)
+MAP_TOKENS = MAP_SIDE  # tokens of the validation text whose attention maps are drawn side by side
 
 
 @dataclass
@@ -107,9 +110,38 @@ class ArenaConfig(ScriptConfig):
 
     def __post_init__(self) -> None:
         output_path(self.out_dir, "out_dir", folder=True)
+        check_size(self)  # before the plan is built: a hundred million seeds would take minutes to list
         if not 0 <= self.seed <= 2**31 - self.arena.seeds:
             raise ConfigError(f"seed must be in [0, 2**31 - arena.seeds], got {self.seed}")
         plan(self)  # every run's model and training config, validated before anything runs
+
+
+def n_runs(cfg: ArenaConfig) -> int:
+    """How many training runs the plan holds: sizes x variants x recipes x override sets x seeds."""
+    arena = cfg.arena
+    return (max(1, len(arena.sizes)) * len(arena.variants) * max(1, len(arena.recipes))
+            * max(1, len(arena.overrides)) * arena.seeds)
+
+
+def plan_cost(cfg: ArenaConfig) -> str:
+    """What the plan costs, in words: its runs and the training tokens (or seconds) they add up to."""
+    runs = n_runs(cfg)
+    each = (f"{cfg.arena.seconds:g} s" if cfg.arena.seconds is not None else
+            f"{cfg.arena.flops:.3g} FLOPs" if cfg.arena.flops is not None else f"{budget(cfg):,} tokens")
+    total = (f" = {runs * cfg.arena.seconds / 3600:,.1f} hours of training" if cfg.arena.seconds is not None else
+             f" = {runs * budget(cfg):,} training tokens" if cfg.arena.flops is None else "")
+    return f"{runs:,} runs ({n_runs(cfg) // cfg.arena.seeds:,} variants x {cfg.arena.seeds:,} seeds) of {each}{total}"
+
+
+def check_size(cfg: ArenaConfig) -> None:
+    """Refuse a plan of more than MAX_RUNS runs (it cannot finish: each trains and is scored alone), saying its cost."""
+    if n_runs(cfg) > MAX_RUNS:
+        raise ConfigError(f"the arena's plan is {plan_cost(cfg)}: more than the {MAX_RUNS:,} runs an arena may hold",
+                          hint="fewer arena.seeds (3 to 10 separate most differences), variants, recipes, overrides "
+                               "or sizes")
+    if cfg.arena.flops is None and n_runs(cfg) * budget(cfg) > MAX_TOKENS:
+        raise ConfigError(f"the arena's plan is {plan_cost(cfg)}: more than the {MAX_TOKENS:.0e} training tokens "
+                          "any machine trains in a year", hint="a smaller arena.tokens (the default is 1,000,000)")
 
 
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
@@ -226,8 +258,9 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     make_out_dir(Path(cfg.out_dir))  # a read-only or full disk is one error now, not after every variant failed
     vocab = TokenData(prepare(cfg.data, log=log)).tokenizer.vocab_size  # once, before any variant: they all read it
     cells = plan(cfg, vocab)  # the FLOPs budget counts the head over the data's vocabulary
+    log(f"plan: {plan_cost(cfg)}")
     for cell in cells:  # before anything trains: a folder of another configuration is refused
-        arena_runs.check_folder(Path(cell.run.out_dir), cell.run)
+        arena_runs.check_folder(Path(cell.run.out_dir), cell.run, Path(cfg.out_dir))
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for i, cell in enumerate(cells):
@@ -258,8 +291,8 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
 
 def cell_row(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
     """A per-seed row: the cell's place in the grid, its FLOPs, and what its run measured (or its error)."""
-    row = {"group": cell.group, "variant": cell.variant, "slice": cell.slice, "size": cell.size, "seed": cell.seed,
-           "spec": cell.spec, "flops_per_token": cell.flops_per_token, **result}
+    row = {**result, "group": cell.group, "variant": cell.variant, "slice": cell.slice, "size": cell.size,
+           "seed": cell.seed, "spec": cell.spec, "flops_per_token": cell.flops_per_token}  # the plan names the row
     if cell.flops_per_token is not None and "tokens" in result:
         row["train_flops"] = cell.flops_per_token * result["tokens"]
     return row

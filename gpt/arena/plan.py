@@ -21,7 +21,7 @@ from gpt.model import flops
 from gpt.model.config import GPTConfig, ModelConfig
 from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
-from gpt.validate import parse_yaml_value
+from gpt.validate import dataclass_values, parse_yaml_value
 
 CORE_PRESETS: dict[str, dict[str, Any]] = {  # the core's own settings; each attention design brings its preset
     "gpt2": {},  # learned positions, full multi-head attention: the baseline
@@ -68,6 +68,16 @@ def parse_value(key: str, value: str, spec: str, setting: str) -> Any:
     return parsed
 
 
+def typed_value(cls: type, name: str, value: Any, spec: str, setting: str, prefix: str) -> Any:
+    """``value`` if it has the type ``cls`` declares for the field ``name`` (a number for model.dropout, not
+    'high'), else a ConfigError naming the setting, the field and the value."""
+    try:
+        dataclass_values(cls, {name: value}, f"{setting} {spec!r}", prefix=prefix)
+    except UserError as err:
+        raise ConfigError(str(err), hint=f"e.g. {setting}=['{prefix}{name}=<value>']") from None
+    return value
+
+
 def parse_variant(spec: str, setting: str = "arena.variants") -> dict[str, Any]:
     """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+`` (the designs a
     user brought, named by several parts, add up)."""
@@ -81,7 +91,8 @@ def parse_variant(spec: str, setting: str = "arena.variants") -> dict[str, Any]:
             if name not in known:
                 raise ConfigError(f"{setting}: {key!r} in {spec!r} is not a model field",
                                   hint=f"model fields: {', '.join(known)}")
-            overrides[name] = parse_value(key, value, spec, setting)
+            overrides[name] = typed_value(GPTConfig, name, parse_value(key, value, spec, setting), spec, setting,
+                                          "model.")
         elif part in table and setting == "arena.variants":
             named = overrides.get("designs", []) + table[part].get("designs", [])
             overrides.update(table[part])
@@ -111,7 +122,9 @@ def parse_overrides(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
             raise ConfigError(f"arena.overrides: {key!r} in {spec!r} is not a training option",
                               hint=f"train fields: {', '.join(sorted(known))}")
         else:
-            train[key.removeprefix("train.")] = parse_value(key, value, spec, "arena.overrides")
+            name = key.removeprefix("train.")
+            train[name] = typed_value(TrainConfig, name, parse_value(key, value, spec, "arena.overrides"), spec,
+                                      "arena.overrides", "train.")
     return model, train
 
 

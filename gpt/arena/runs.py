@@ -17,13 +17,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpt import validate
 from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write
+from gpt.validate import shown
 
 CELL_FILE = "arena_cell.json"
 RESULT_FILE = "arena_result.json"
 NUMBERS = ("params", "steps", "tokens", "val_loss", "val_bpb", "val_tokens", "tokens_per_s", "peak_mib",
            "kv_bytes_per_token", "decode_tok_s", "train_s")  # what a finished row must hold, as numbers
+MAP_SIDE = 32  # tokens of the attention map a result holds, at most (gpt.arena.arena draws that many)
 Job = TypeVar("Job")
 
 
@@ -43,43 +46,86 @@ def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     return None if a == b else prefix.rstrip(".")
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A JSON object the arena wrote, or one UserError saying the file is damaged and what to do."""
+def read_json(path: Path, what: str, strict: bool = True) -> Any:
+    """A JSON value the arena wrote, read with gpt.validate's limits (size, nesting, digits), or one UserError
+    saying the file is damaged and what to do. ``strict=False``: NaN reads as NaN (a result's figures may be)."""
+    hint = f"remove {path.parent} to run that cell again"
+    if strict:
+        return validate.read_json(path, hint=hint)
     try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} ({what}) cannot be read: {err}",
-                        hint=f"remove {path.parent} to run that cell again") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{path} ({what}) is not a JSON object", hint=f"remove {path.parent} to run that cell again")
-    return value
+        data = path.read_bytes()[:validate.MAX_BYTES + 1]
+    except OSError as err:
+        raise UserError(f"{path} ({what}) cannot be read: {err.strerror or err}", hint=hint) from None
+    if len(data) > validate.MAX_BYTES:
+        raise UserError(f"{path} ({what}) is larger than any the arena writes", hint=hint)
+    return validate.parse_json(data, f"{path} ({what})", hint, strict=False)
 
 
-def check_folder(folder: Path, run: Any) -> None:
-    """Refuse a cell folder that holds another configuration's run (or a run this arena did not start)."""
+def holds_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a training run's files (a checkpoint, its log or summary)."""
+    from gpt.train.resume import RUN_FILES
     from gpt.weights import checkpoint
 
+    return checkpoint.latest(folder) is not None or any((folder / name).exists() for name in RUN_FILES)
+
+
+def check_folder(folder: Path, run: Any, out_dir: Path | None = None) -> None:
+    """Refuse a cell folder that holds another configuration's run (or a run this arena did not start), and a cell
+    inside a training run's folder (out_dir or a group's folder holding one): the arena never adopts or writes
+    beside what it did not write."""
+    inside = [p for p in folder.parents if out_dir is not None and (p == out_dir or out_dir in p.parents)]
+    for parent in inside:  # the group's folder up to out_dir itself
+        if holds_run(parent):
+            raise ConfigError(f"{parent} holds a training run that this arena did not start",
+                              hint="choose another out_dir for the arena")
     if (folder / CELL_FILE).exists():
         stored = read_json(folder / CELL_FILE, "the arena cell's configuration")
+        if not isinstance(stored, dict):
+            raise UserError(f"{folder / CELL_FILE} is not a JSON object",
+                            hint=f"remove {folder} to run that cell again")
         differs = first_difference(stored, fingerprint(run))
         if differs:
             raise ConfigError(f"{folder} holds an arena run of another configuration ({differs} differs)",
                               hint="run the same command as before to resume it, or choose another out_dir")
-    elif checkpoint.latest(folder) is not None:
+    elif holds_run(folder):
         raise ConfigError(f"{folder} already holds a run that this arena did not start",
                           hint="choose another out_dir (or remove that folder)")
 
 
 def finished(folder: Path) -> dict[str, Any] | None:
-    """A finished cell's row (None: not finished), checked: every figure a number."""
+    """A finished cell's row (None: not finished), checked against what save() writes: the figures of NUMBERS, the
+    loss curve and the attention map, nothing else (a row never names its own group, variant or seed: the plan
+    does), each refusal naming the file and the field."""
     path = folder / RESULT_FILE
     if not path.exists():
         return None
-    row = read_json(path, "an arena result")
-    bad = [k for k in NUMBERS if isinstance(row.get(k), bool) or not isinstance(row.get(k), (int, float))]
-    if bad:
-        raise UserError(f"{path}: {bad[0]} is missing or not a number", hint=f"remove {folder} to run that cell again")
+    record = validate.Record(read_json(path, "an arena result", strict=False), str(path),
+                             hint=f"remove {folder} to run that cell again")
+    unknown = sorted(set(record.value) - set(NUMBERS) - {"curve", "attention"})
+    if unknown:
+        raise record.error(f"{shown(unknown[0])} is not a field an arena result holds")
+    row: dict[str, Any] = {k: _figure(record, k) for k in NUMBERS}
+    curve = record.list("curve", of=dict, nonempty=True)
+    row["curve"] = [{k: _figure(validate.Record(point, record.where, record.hint, f"curve[{i}]"), k)
+                     for k in ("tokens", "seconds", "train", "val")} for i, point in enumerate(curve)]
+    attention = record.list("attention", of=list, nonempty=True)
+    if len(attention) > MAP_SIDE:
+        raise record.error(f"attention must be at most {MAP_SIDE} x {MAP_SIDE} (the arena draws {MAP_SIDE} tokens), "
+                           f"got {len(attention)} rows")
+    for i, line in enumerate(attention):
+        if len(line) != len(attention) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in line):
+            raise record.error(f"attention[{i}] must be {len(attention)} numbers (a square map), got {shown(line)}")
+    row["attention"] = attention
     return row
+
+
+def _figure(record: validate.Record, key: str) -> float:
+    """A figure of a result: an integer (64 bits) or a float, NaN allowed (a loss curve's missing point)."""
+    value = record.value.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, int) and not validate.INT64[0] <= value <= validate.INT64[1]):
+        raise record.error(f"{record.name(key)} is missing or not a number, got {shown(value)}")
+    return value
 
 
 def start(folder: Path, run: Any) -> None:

@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from gpt import validate
 from gpt.errors import ConfigError, UserError, check_positive
+from gpt.files import atomic_write
 from gpt.train import recipe as training_recipes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+MAX_RUNS = 1000  # training runs (recipes x seeds) one benchmark may plan: each is a whole training process
 
 
 @dataclass
@@ -46,6 +49,11 @@ class TimeToLossConfig:
             raise ConfigError("recipes and seeds must each name at least one", hint="e.g. recipes=[gpt2,modern]")
         for name in self.recipes:
             training_recipes.settings(name)
+        if len(self.recipes) * len(self.seeds) > MAX_RUNS:
+            runs = len(self.recipes) * len(self.seeds)
+            raise ConfigError(f"{len(self.recipes)} recipes x {len(self.seeds):,} seeds is {runs:,} training runs, "
+                              f"more than the {MAX_RUNS:,} this benchmark may plan",
+                              hint="3 to 10 seeds separate most differences")
         if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"a recipe or seed is named twice: recipes={self.recipes}, seeds={self.seeds}")
         if self.target is not None and not (math.isfinite(self.target) and self.target > 0):
@@ -58,16 +66,18 @@ class TimeToLossConfig:
 
 
 def run_dir(cfg: TimeToLossConfig, recipe: str, seed: int) -> Path:
-    return Path(cfg.out_dir) / f"{recipe}-seed{seed}"
+    """A run's folder, absolute: this process and the training process it starts both find it."""
+    return Path(cfg.out_dir).expanduser().absolute() / f"{recipe}-seed{seed}"
 
 
 def train_one(cfg: TimeToLossConfig, recipe: str, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """One whole training process (or the record of one that finished before); its summary and validation curve."""
+    """One whole training process (or the record of one that finished before); its summary and validation curve.
+    The process runs in this one's folder, so relative paths in overrides mean what they mean here."""
     folder = run_dir(cfg, recipe, seed)
-    record = folder / "time_to_loss.json"
+    record = folder / RECORD
     if record.is_file():
         log(f"{folder.name}: done before, read from {record}")
-        return json.loads(record.read_text())
+        return read_record(record, recipe, seed)
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), f"recipe={recipe}", f"seed={seed}",
                *cfg.overrides, f"train.eval_interval={cfg.eval_interval}", f"out_dir={folder}",
                f"resume={'true' if folder.exists() else 'false'}"]
@@ -75,16 +85,67 @@ def train_one(cfg: TimeToLossConfig, recipe: str, seed: int, log: Callable[[str]
     started = time.time()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
     except subprocess.TimeoutExpired:
         raise UserError(f"{folder.name} still running after {cfg.timeout_s:g} s", hint="raise timeout_s") from None
     if done.returncode != 0:
         raise UserError(f"{folder.name} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}",
                         hint=f"run it alone to see why: {' '.join(command)}")
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = read_summary(validate.Record(lenient_json(folder / "summary.json"), str(folder / "summary.json"),
+                                           hint=f"remove {folder} to run it again"))
     result = {"recipe": recipe, "seed": seed, "launched": started, "summary": summary, "curve": val_curve(folder)}
-    record.write_text(json.dumps(result))
+    text = json.dumps(result)
+    atomic_write(record, lambda f: f.write(text.encode()), what="the time-to-loss record")
     return result
+
+
+RECORD = "time_to_loss.json"
+SUMMARY_FIGURES = ("tokens", "step", "final_val_loss", "tokens_per_sec", "wall_s", "peak_memory_bytes")
+
+
+def lenient_json(path: Path) -> Any:
+    """A JSON file this benchmark or a run wrote, with gpt.validate's limits; NaN reads as NaN (a loss may be)."""
+    hint = f"remove {path.parent} to run it again"
+    try:
+        data = path.read_bytes()[:validate.MAX_BYTES + 1]
+    except OSError as err:
+        raise UserError(f"{path} cannot be read: {err.strerror or err}", hint=hint) from None
+    if len(data) > validate.MAX_BYTES:
+        raise UserError(f"{path} is larger than any this benchmark writes", hint=hint)
+    return validate.parse_json(data, str(path), hint, strict=False)
+
+
+def read_record(path: Path, recipe: str, seed: int) -> dict[str, Any]:
+    """A finished run's record, checked against what train_one writes (its own recipe and seed, numbers where
+    numbers belong, the curve's (step, time, loss) triples), a UserError naming the file and the field otherwise."""
+    record = validate.Record(lenient_json(path), str(path), hint=f"remove {path.parent} to run it again")
+    unknown = sorted(set(record.value) - {"recipe", "seed", "launched", "summary", "curve"})
+    if unknown:
+        raise record.error(f"{validate.shown(unknown[0])} is not a field a time-to-loss record holds")
+    if record.str("recipe") != recipe or record.int("seed", low=validate.INT64[0]) != seed:
+        raise record.error(f"it records recipe {validate.shown(record.value['recipe'])} seed "
+                           f"{validate.shown(record.value['seed'])}, not this folder's {recipe} seed {seed}")
+    curve = []
+    for i, point in enumerate(record.list("curve", of=list)):
+        if len(point) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in point) \
+                or not isinstance(point[0], int) or not all(math.isfinite(v) or j == 2 for j, v in enumerate(point)):
+            raise record.error(f"curve[{i}] must be [step, seconds, loss], got {validate.shown(point)}")
+        curve.append(tuple(point))
+    return {"recipe": recipe, "seed": seed, "launched": record.number("launched"),
+            "summary": read_summary(record.record("summary")), "curve": curve}
+
+
+def read_summary(summary: validate.Record) -> dict[str, Any]:
+    """The figures of a run's summary.json this benchmark reports (the final loss and the rate may be NaN)."""
+    out = {}
+    for key in SUMMARY_FIGURES:
+        value = summary.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, int) and not validate.INT64[0] <= value <= validate.INT64[1]) or \
+                (key not in ("final_val_loss", "tokens_per_sec") and not math.isfinite(value)):
+            raise summary.error(f"{summary.name(key)} must be a number, got {validate.shown(value)}")
+        out[key] = value
+    return out
 
 
 def val_curve(folder: Path) -> list[tuple[int, float, float]]:

@@ -7,6 +7,7 @@ import sys
 import torch
 
 from gpt import kernels as attention
+from gpt.cli import bring_designs
 from gpt.device import resolve_device
 from gpt.kernels import support
 from gpt.model import design as designs
@@ -15,6 +16,7 @@ from gpt.model.design import spell
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    bring_designs()  # a design file of GPT_DESIGNS that fails on import: one error line, as in every script
     device = resolve_device(argv[0] if argv else "auto")
     print(f"attention kernels on {device} (torch {torch.__version__}); each option tried on tiny tensors:\n")
     rows = support.support_table(device)

@@ -114,6 +114,8 @@ def _child(conn: Connection, fn: Callable[..., dict], kwargs: dict) -> None:
         result = fn(**kwargs)
     except torch.OutOfMemoryError as err:
         result = {"error": f"out of memory ({first_line(err)[:80]})", "stop": True}
+    except KeyboardInterrupt as err:  # Ctrl-C reaches the whole process group: the parent says it, once
+        result = {"error": f"interrupted ({str(err) or 'Ctrl-C'})", "stop": True}
     except Exception as err:  # noqa: BLE001  (a case that fails is a result, not a crash)
         result = {"error": first_line(err), "traceback": traceback.format_exc()}
     conn.send(result)

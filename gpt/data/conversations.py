@@ -15,7 +15,7 @@ from typing import Any
 from gpt.data.formats import JSONL_SUFFIXES
 from gpt.errors import UserError
 from gpt.tokenizers.bpe import CHAT_TOKENS, EOT
-from gpt.validate import parse_json
+from gpt.validate import is_text, parse_json
 
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -76,7 +76,7 @@ def message(turn: Any, i: int, role_key: str, text_key: str, fmt: str) -> dict[s
     role = SHAREGPT_ROLES.get(role) if fmt == "sharegpt" and isinstance(role, str) else role
     if role not in ROLES:
         raise BadRecord(f"message {i} has {role_key} {turn.get(role_key)!r} (one of {', '.join(ROLES)})")
-    if not isinstance(content, str):
+    if not is_text(content):
         raise BadRecord(f"message {i}'s {text_key} is not text")
     return {"role": role, "content": content}
 
@@ -85,7 +85,7 @@ def alpaca_messages(record: dict[str, Any]) -> Messages:
     """Alpaca's instruction (with its input below it, when there is one) as the user's turn, output as the reply."""
     fields = {k: record.get(k, "") for k in ("instruction", "input", "output", "system")}
     for key, value in fields.items():
-        if not isinstance(value, str):
+        if not is_text(value):
             raise BadRecord(f'"{key}" is not text')
     if not fields["instruction"] or not fields["output"]:
         raise BadRecord('"instruction" and "output" must not be empty')

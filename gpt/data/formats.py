@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpt.errors import UserError
-from gpt.validate import parse_json, replace_surrogates
+from gpt.validate import is_text, parse_json, replace_surrogates
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -92,8 +92,9 @@ def field_text(record: object, text_field: str, where: str) -> str:
     value = record[text_field]
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise UserError(f"{where}: the {text_field!r} field is {type(value).__name__}, not text",
+    if not is_text(value):
+        kind = f"a {len(value.lstrip('-')):,}-digit integer" if isinstance(value, str) else type(value).__name__
+        raise UserError(f"{where}: the {text_field!r} field is {kind}, not text",
                         hint="set data.text_field=<a field that holds text>")
     return value
 

@@ -199,7 +199,8 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log, choice: str
             committed = True
     except BaseException as err:
         if committed:  # a signal that came while the new data was put in place: it is complete
-            raise KeyboardInterrupt(f"preparation stopped ({err}) once complete: {data_dir} holds the new data") \
+            raise KeyboardInterrupt(f"preparation stopped ({str(err) or 'Ctrl-C'}) once complete: {data_dir} holds "
+                                    "the new data") \
                 from None
         kept = read_progress(staging, key)
         if kept is None:
@@ -210,6 +211,9 @@ def build(cfg: DataConfig, source: Source, data_dir: Path, log: Log, choice: str
         if isinstance(err, KeyboardInterrupt):
             raise KeyboardInterrupt(f"preparation stopped ({str(err) or 'Ctrl-C'}); {what}; {data_dir} is as it was") \
                 from None
+        if isinstance(err, OSError):  # a full disk (numpy's short write: "N requested and M written"), a quota
+            raise UserError(f"could not write the prepared data in {staging}: {err.strerror or err}; {what}; "
+                            f"{data_dir} is as it was", hint=WRITE_HINT) from None
         if kept:
             log(f"preparation stopped; {what}")
         raise

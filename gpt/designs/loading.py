@@ -34,9 +34,11 @@ def load(source: str) -> list[str]:
     before = set(registry.available())  # the built-ins (and GPT_DESIGNS) first, so only this source's are new
     try:
         _import(key)
-    except UserError:
-        raise
-    except Exception as err:  # the user's code failed: say where, in one line
+    except BaseException as err:
+        for name in set(registry.available()) - before:  # a file that failed half-way registers nothing
+            registry.unregister(name)
+        if isinstance(err, UserError) or not isinstance(err, Exception):
+            raise
         frames = traceback.extract_tb(err.__traceback__)
         where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith("<")), "")
         raise UserError(f"designs: importing {source} failed: {type(err).__name__}: {err}"
@@ -56,7 +58,8 @@ def load_all(sources: list[str]) -> list[str]:
 
 
 def load_environment() -> None:
-    """Load what GPT_DESIGNS names (called once, when the registry is first read)."""
+    """Load what GPT_DESIGNS names (when the registry is first read; every entry point calls it again first, through
+    gpt.cli.bring_designs, so a file failing on import is its one error line; loaded sources are not reloaded)."""
     for source in os.environ.get(ENV, "").split(os.pathsep):
         if source.strip():
             load(source.strip())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -120,11 +121,31 @@ def train(source: Source, cfg: BPEConfig, val_fraction: float) -> tuple[BPEToken
                                   special_tokens=list(cfg.special_tokens), show_progress=sys.stderr.isatty(),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte, seen or not
     read = {"documents": 0, "characters": 0}
-    library.train_from_iterator(training_batches(source, val_fraction, cfg.max_chars, read), trainer)
+    in_background(lambda: library.train_from_iterator(training_batches(source, val_fraction, cfg.max_chars, read),
+                                                      trainer))
     if not read["characters"]:
         raise UserError(f"{source.description} has no text in its training split",
                         hint="point the data source at files with text in them")
     return BPETokenizer(library.to_str(), "the trained tokenizer"), read
+
+
+def in_background(work: Callable[[], None]) -> None:
+    """Run ``work`` on a daemon thread and wait for it, so that Ctrl-C stops this process at once: the library
+    learns the merges in Rust without returning to Python (seconds to minutes), where no signal handler runs."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # handed to the waiting thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name="learn tokenizer", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if failed:
+        raise failed[0]
 
 
 def training_batches(source: Source, val_fraction: float, max_chars: int | None,

@@ -15,6 +15,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,62 +27,144 @@ RENDER_MEMORY = 512 * 2**20  # the renderer process's address space
 START_SECONDS = 60.0  # the renderer's start (a Python interpreter importing Jinja), however loaded the machine
 END_OF_TURN = "<|im_end|>"  # ChatML's end of a message: a chat reply stops there
 WORKER = Path(__file__).with_name("template_worker.py")
+MAX_RENDERERS = 8  # renderings at once, each in its own process: a runaway one holds only its own
+WAIT_SECONDS = RENDER_SECONDS + 1.0  # a request finding every renderer busy waits this long for one, then gets a 503
 
 
 class ChatTemplateError(Exception):
     """The template is unusable, or refused this conversation (its raise_exception, a limit): a 400 for the client."""
 
 
-class Renderer:
-    """The process that renders templates: started on first use, killed when a rendering overruns, then restarted."""
+class RenderersBusy(ChatTemplateError):
+    """Every renderer was busy for WAIT_SECONDS (several runaway templates at once), or none could be started:
+    a 503, retry shortly."""
 
-    def __init__(self, seconds: float = RENDER_SECONDS, memory: int = RENDER_MEMORY) -> None:
-        self.seconds, self.memory = seconds, memory
-        self._process: subprocess.Popen | None = None
-        self._lock = threading.Lock()  # one request at a time on the pipe
+
+class Renderer:
+    """Processes that render templates, one rendering each at a time: a rendering takes an idle process (one is
+    kept started in advance), and one that overruns kills only its own process, so the other requests are served
+    meanwhile. At most ``processes`` at once; a request that finds them all busy waits ``wait`` s, then is refused."""
+
+    def __init__(self, seconds: float = RENDER_SECONDS, memory: int = RENDER_MEMORY, processes: int = MAX_RENDERERS,
+                 wait: float = WAIT_SECONDS) -> None:
+        self.seconds, self.memory, self.processes, self.wait = seconds, memory, processes, wait
+        self._idle: list[subprocess.Popen] = []
+        self._live = 0  # processes started or starting, idle or busy
+        self._closed = False
+        self._cond = threading.Condition()
 
     def ask(self, request: dict[str, Any]) -> str:
         """Send one request and return the text of the answer (ChatTemplateError with the worker's message)."""
-        with self._lock:
-            process = self._start()
-            assert process.stdin is not None and process.stdout is not None
-            try:
-                process.stdin.write(json.dumps(request) + "\n")
-                process.stdin.flush()
-                ready, _, _ = select.select([process.stdout], [], [], self.seconds)
-                line = process.stdout.readline() if ready else ""
-            except OSError:  # the worker died (a memory cap it could not even report)
-                line = ""
-            if not line:
-                self.close()
-                raise ChatTemplateError(f"the chat template ran longer than {self.seconds:g} s or exhausted its "
-                                        "renderer's memory, and was stopped")
+        process = self._take()
+        line = ""
+        try:
+            line = self._exchange(process, request)
+        finally:
+            self._give_back(process, healthy=bool(line))
+        if not line:
+            raise ChatTemplateError(f"the chat template ran longer than {self.seconds:g} s or exhausted its "
+                                    "renderer's memory, and was stopped")
         answer = json.loads(line)
         if "error" in answer:
             raise ChatTemplateError(answer["error"])
         return answer["text"]
 
-    def _start(self) -> subprocess.Popen:
-        """The worker, started if needed and waited for until it has imported Jinja (not part of any time limit)."""
-        if self._process is None or self._process.poll() is not None:
-            self._process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
-                [sys.executable, "-I", str(WORKER), str(self.memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True, encoding="utf-8")
-            assert self._process.stdout is not None
-            ready, _, _ = select.select([self._process.stdout], [], [], START_SECONDS)
-            if not ready or not self._process.stdout.readline():
-                self.close()
-                raise ChatTemplateError("the chat template renderer did not start (is jinja2 installed?)")
-        return self._process
+    def _exchange(self, process: subprocess.Popen, request: dict[str, Any]) -> str:
+        """The worker's answer line, or "" when it overran its time or died."""
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(json.dumps(request) + "\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], self.seconds)
+            return process.stdout.readline() if ready else ""
+        except (OSError, ValueError):  # the worker died (a memory cap it could not even report), or close() ran
+            return ""
+
+    def _take(self) -> subprocess.Popen:
+        """An idle process, a new one if none is idle and fewer than ``processes`` live, else the first to be
+        given back within ``wait`` s (RenderersBusy if none is)."""
+        deadline = time.monotonic() + self.wait
+        with self._cond:
+            if self._closed:
+                raise ChatTemplateError("the server is shutting down")
+            while not self._idle and self._live >= self.processes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RenderersBusy(f"all {self.processes} chat template renderers are busy; retry shortly")
+                self._cond.wait(left)
+            if self._idle:
+                process = self._idle.pop()
+                spare = not self._idle and self._live < self.processes
+                self._live += spare
+            else:
+                process, spare = None, False
+                self._live += 1
+        if spare:  # the next request finds one started (a start takes about 0.4 s)
+            threading.Thread(target=self._start_spare, daemon=True).start()
+        return process if process is not None else self._start_counted()
+
+    def _start_counted(self) -> subprocess.Popen:
+        """A new process for a place already counted in _live (given back if it fails to start)."""
+        try:
+            return start_worker(self.memory)
+        except BaseException:
+            with self._cond:
+                self._live -= 1
+                self._cond.notify()
+            raise
+
+    def _start_spare(self) -> None:
+        try:
+            process = self._start_counted()
+        except ChatTemplateError:  # the next request starts one itself, and says why if it cannot
+            return
+        self._give_back(process, healthy=True)
+
+    def _give_back(self, process: subprocess.Popen, healthy: bool) -> None:
+        """An idle process again, or (overran, died, or the renderer closed) killed and its place freed."""
+        with self._cond:
+            keep = healthy and not self._closed and process.poll() is None
+            if keep:
+                self._idle.append(process)
+            else:
+                self._live -= 1
+            self._cond.notify()
+        if not keep:
+            kill(process)
 
     def close(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            for pipe in (self._process.stdin, self._process.stdout):
-                if pipe is not None:
-                    pipe.close()
-            self._process = None
+        """Kill the idle processes; busy ones are killed when their rendering ends."""
+        with self._cond:
+            self._closed, idle, self._idle = True, self._idle, []
+            self._live -= len(idle)
+            self._cond.notify_all()
+        for process in idle:
+            kill(process)
+
+
+def start_worker(memory: int) -> subprocess.Popen:
+    """A worker process, waited for until it has imported Jinja (not part of any time limit)."""
+    try:
+        process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
+            [sys.executable, "-I", str(WORKER), str(memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, encoding="utf-8")
+    except OSError as err:  # no process to be had (a limit on processes, memory)
+        said = f"could not start a chat template renderer ({err.strerror or err}); retry shortly"
+        raise RenderersBusy(said) from None
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], START_SECONDS)
+    if not ready or not process.stdout.readline():
+        kill(process)
+        raise ChatTemplateError("the chat template renderer did not start (is jinja2 installed?)")
+    return process
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.kill()
+    process.wait()
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 def special_tokens(tokenizer: Tokenizer) -> dict[str, int]:

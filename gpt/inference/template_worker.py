@@ -10,6 +10,7 @@ the standard library. Protocol: one JSON request per line on standard input ({"s
 """
 
 import json
+import os
 import resource
 import signal
 import sys
@@ -71,6 +72,7 @@ def main():
     limit = int(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches this process too: its parent decides
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    os.nice(10)  # a runaway template spins until killed: the server and its decoding come first
     env, compiled = environment(), {}
     print(json.dumps({"ready": True}), flush=True)  # imports done: the server's time limits start now
     for line in sys.stdin:

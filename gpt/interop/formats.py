@@ -27,7 +27,8 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
     config.json, generation_config.json, tokenizer files); format=native, this project's names and config.json.
 
     Both read back losslessly (load_weights). An out_dir holding another export is refused unless overwrite.
-    format=gguf writes out_dir/model-<gguf_type>.gguf (gpt.interop.gguf) and returns that file's path.
+    format=gguf writes out_dir/model-<gguf_type>.gguf (or out_dir itself when it ends in .gguf; gpt.interop.gguf)
+    and returns that file's path.
     """
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")

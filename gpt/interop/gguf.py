@@ -149,22 +149,29 @@ def writer_class(gguf) -> Any:
     return Writer
 
 
+def is_file_name(out: str | Path) -> bool:
+    """Whether ``out=`` names the .gguf file itself (out=model.gguf), not the folder to write it in."""
+    return Path(out).suffix.lower() == ".gguf"
+
+
 def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out: Path, kind: str,
           overwrite: bool) -> Path:
-    """Write <out>/model-<kind>.gguf (refused if there, unless overwrite) and return its path."""
+    """Write <out>/model-<kind>.gguf, or ``out`` itself when it names a .gguf file (refused if there, unless
+    overwrite); return the file's path."""
     gguf = gguf_module()
     if kind not in TYPES:
         raise UserError(f"gguf_type must be one of {', '.join(TYPES)}, got {kind!r}")
     arch = architecture(config)
     tokenizer_model, tokens, types, merges = token_list(tokenizer, config.vocab_size)
     tensors = (gpt2_tensors if arch == "gpt2" else starcoder2_tensors)(state, config)
-    path = out / f"model-{kind}.gguf"
+    path = out if is_file_name(out) else out / f"model-{kind}.gguf"
+    folder = path.parent
     if path.exists() and not overwrite:
         raise UserError(f"{path} already exists", hint="pass overwrite=true to replace it, or pick another out=")
 
     def write_file(f: BinaryIO) -> None:
         writer = writer_class(gguf)(f.name, arch)
-        writer.add_name(out.name)
+        writer.add_name(folder.name if path.name.startswith("model-") else path.stem)
         writer.add_block_count(config.n_layer)
         writer.add_context_length(config.block_size)
         writer.add_embedding_length(config.n_embd)
@@ -201,9 +208,9 @@ def write(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any]
         writer.close()
 
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"could not create out={out}: {err.strerror or err}", hint="pick a folder you can write to") \
-            from None
+        raise UserError(f"could not create {folder} for out={out}: {err.strerror or err}",
+                        hint="pick a folder you can write to") from None
     atomic_write_all([(path, write_file)], what="the GGUF export", hint="free disk space or pick another out=")
     return path

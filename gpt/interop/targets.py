@@ -135,7 +135,8 @@ def remote_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dty
     auto = {"AutoConfig": f"{MODELING[:-3]}.GPTAttentionConfig",
             "AutoModelForCausalLM": f"{MODELING[:-3]}.GPTAttentionForCausalLM"}
     return {"architectures": ["GPTAttentionForCausalLM"], "model_type": "gpt_attention", "auto_map": auto,
-            **common(config, tokenizer, dtype), "model_config": config.to_dict(),
+            **common(config, tokenizer, dtype), "max_position_embeddings": config.block_size,
+            "n_positions": config.block_size, "model_config": config.to_dict(),
             "designs": [d.name for d in designs.active(config)]}
 
 

@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from gpt.inference.chat_template import Renderer
 from gpt.serve import attention, protocol
@@ -31,6 +33,7 @@ from gpt.serve.protocol import APIError
 
 log = logging.getLogger("gpt.serve")
 STATIC = Path(__file__).with_name("static")
+THREADS = 64  # the request threads (asyncio.to_thread), beyond the default min(32, CPUs + 4)
 
 
 class Job:
@@ -89,20 +92,52 @@ class Job:
 async def read_json(request: Request, limit: int) -> Any:
     """The request's JSON body, refused past ``limit`` bytes (413) or when it is not JSON (400)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body has {int(declared):,} bytes; this server takes at most {limit:,} "
+    if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise APIError(413, f"the request body has {declared[:24]} bytes; this server takes at most {limit:,} "
                        "(max_body_bytes)", code="request_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"the request body is over {limit:,} bytes (max_body_bytes)", code="request_too_large")
     try:
-        return json.loads(body)
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"the request body is over {limit:,} bytes (max_body_bytes)",
+                               code="request_too_large")
+    except ClientDisconnect:  # nobody is left to answer: one line in the log, not an unexpected error
+        log.warning("%s %s: the request body broke off after %d of %s bytes (the client closed the connection); "
+                    "nothing was done", request.method, request.url.path, len(body), declared or "?")
+        raise APIError(400, "the request body broke off", code="incomplete_body") from None
+    try:
+        return json.loads(body, parse_constant=not_json, parse_float=finite, parse_int=integer)
+    except OutOfRange as err:
+        raise APIError(400, f"the request body holds {err}") from None
     except ValueError as err:
         raise APIError(400, f"the request body is not valid JSON: {err}") from None
     except RecursionError:
         raise APIError(400, "the request body's JSON is nested too deeply") from None
+
+
+def not_json(constant: str) -> None:
+    """Python's json reads NaN and Infinity; JSON (and OpenAI's API) has no such numbers."""
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+class OutOfRange(ValueError):
+    """A JSON number no parameter can take."""
+
+
+def finite(text: str) -> float:
+    """A JSON number as a float, refused when it is out of a float's range (1e999 would be infinity)."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise OutOfRange(f"the number {text[:40]}, out of a float's range")
+    return value
+
+
+def integer(text: str) -> int:
+    """A JSON integer, refused past 20 digits (no parameter takes more than 64 bits)."""
+    if len(text.lstrip("-")) > 20:
+        raise OutOfRange(f"an integer of {len(text.lstrip('-')):,} digits (no parameter takes more than 20)")
+    return int(text)
 
 
 async def until_disconnected(request: Request) -> None:
@@ -121,6 +156,9 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # the blocking parts of requests (templates, pictures) run on threads: enough that renderings waiting on
+        # runaway templates (MAX_RENDERERS at once, each stopped after its time) leave threads for everyone else
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
         yield
         for served in models.values():
             await asyncio.to_thread(served.engine.stop)
@@ -172,7 +210,7 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
     async def completions(request: Request):
         body = protocol.parse(protocol.CompletionRequest, await read_json(request, max_body_bytes))
         s = served(body.model)
-        prompts = completion_prompts(s, body)
+        prompts = await asyncio.to_thread(completion_prompts, s, body)  # encoding a long prompt takes a while
         job = Job(s, prompts, samplings(s, body, len(prompts) * body.n, default_max=16), body.n)
         texts = [s.tokenizer.decode(p) if body.echo else "" for p in job.prompts]
         if body.stream:
@@ -318,11 +356,6 @@ def add_page_routes(app: FastAPI, models: dict[str, Served], served, max_body_by
 
     @app.post("/api/attention")
     async def page_attention(request: Request) -> dict:
-        data = await read_json(request, max_body_bytes)
-        if not isinstance(data, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        s = served(data.get("model"))
-        ids, prompt_tokens, position = data.get("ids"), data.get("prompt_tokens"), data.get("position")
-        if not isinstance(ids, list) or not isinstance(prompt_tokens, int) or not isinstance(position, int):
-            raise APIError(400, "ids (a list of token ids), prompt_tokens and position (integers) are required")
-        return await asyncio.to_thread(attention.token_picture, s, ids, prompt_tokens, position)
+        body = protocol.parse(protocol.AttentionRequest, await read_json(request, max_body_bytes))
+        s = served(body.model)
+        return await asyncio.to_thread(attention.token_picture, s, body.ids, body.prompt_tokens, body.position)

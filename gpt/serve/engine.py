@@ -147,14 +147,20 @@ class Engine:
 
     def stop(self) -> None:
         """Finish the current step, end every sequence with an error, and stop the thread."""
+        self.halt()
+        self._thread.join(timeout=30)
+
+    def halt(self) -> None:
+        """stop() without waiting for the thread (safe in a signal handler: the condition's lock is re-entrant)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        self._thread.join(timeout=30)
 
     def submit(self, sequences: list[Sequence]) -> None:
         """Queue the sequences of one request, all or none (QueueFull when they do not fit)."""
         with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
             if len(self._waiting) + len(sequences) > self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.max_queue})")
             self._waiting.extend(sequences)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, fields
 
 from gpt.errors import UserError
-from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer
+from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer, RenderersBusy
 from gpt.inference.decoding import prompt_ids
 from gpt.inference.sampling import check_sampling
 from gpt.model import GPT
@@ -33,6 +33,18 @@ class Served:
     max_prompt_tokens: int
     max_tokens: int  # the most tokens one request may ask for
     created: int
+    longest_token: int = 1  # bytes of the tokenizer's longest token: a longer text cannot fit the context
+
+    def __post_init__(self) -> None:
+        self.longest_token = max(len(self.tokenizer.token_bytes(t)) for t in range(self.tokenizer.vocab_size))
+
+    def check_text(self, text: str, param: str) -> None:
+        """Refuse a text that cannot fit the context whatever its tokens, before encoding it: encoding costs time
+        (a tokenizer's split pattern may backtrack over a long run: gpt.tokenizers.split_pattern)."""
+        if len(text) > self.max_prompt_tokens * self.longest_token:  # characters <= UTF-8 bytes
+            raise APIError(400, f"this model's maximum context length is {self.max_prompt_tokens} tokens; the "
+                           f"prompt has {len(text):,} characters, more than that many tokens can hold", param,
+                           "context_length_exceeded")
 
     def describe(self) -> dict:
         """What the page shows of the model: its size, the options where it differs from GPT-2 and the attention
@@ -92,6 +104,7 @@ def completion_prompts(served: Served, request: CompletionRequest) -> list[list[
 
 def prompt_ids_of(served: Served, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
+        served.check_text(prompt, "prompt")
         try:
             return prompt_ids(served.tokenizer, prompt)
         except UserError as err:  # a character the vocabulary lacks
@@ -118,7 +131,10 @@ def chat_prompt(served: Served, request: ChatRequest) -> list[int]:
         raise APIError(400, "messages must hold at least one message", "messages")
     try:
         text = served.chat.render([m.as_template_input() for m in request.messages])
+        served.check_text(text, "messages")
         ids = served.chat.encode(text)
+    except RenderersBusy as err:
+        raise APIError(503, f"the server is busy: {err}", code="server_busy", kind="server_error") from None
     except (ChatTemplateError, UserError) as err:
         raise APIError(400, str(err), "messages") from None
     if not ids:
@@ -132,11 +148,11 @@ def samplings(served: Served, request: CompletionRequest | ChatRequest, sequence
     """Each sequence's settings: OpenAI's defaults (temperature 1, no top-p) where the request gives none.
 
     Sequence i samples with seed + i (a random seed when none is given), so the first matches generate.py's seed."""
-    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
-    max_tokens = default_max if max_tokens is None else max_tokens
+    given = [(name, getattr(request, name, None)) for name in ("max_completion_tokens", "max_tokens")]
+    name, max_tokens = next(((n, v) for n, v in given if v is not None), ("max_tokens", default_max))
     if not 1 <= max_tokens <= served.max_tokens:
-        raise APIError(400, f"max_tokens is {max_tokens}; this server allows 1 to {served.max_tokens} "
-                       "(its max_tokens setting)", "max_tokens")
+        raise APIError(400, f"{name} is {str(max_tokens)[:24]}; this server allows 1 to {served.max_tokens} "
+                       "(its max_tokens setting)", name)
     if not 1 <= request.n <= 16:
         raise APIError(400, f"n must be between 1 and 16, got {request.n}", "n")
     if sequences > served.engine.max_batch:

@@ -38,6 +38,10 @@ class APIError(Exception):
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    def unsupported(self) -> list[str]:
+        """Parameters given a value this server cannot honour."""
+        return []
+
 
 class StreamOptions(_Body):
     include_usage: bool = False
@@ -84,6 +88,10 @@ class CompletionRequest(_Sampling):
     return_token_ids: bool = False  # extension: prompt_token_ids and each chunk's token_ids
 
     def unsupported(self) -> list[str]:
+        if self.best_of is not None and self.best_of < 1:
+            raise APIError(400, f"best_of must be at least 1, got {self.best_of}", "best_of")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise APIError(400, f"logprobs must be at least 0, got {self.logprobs}", "logprobs")
         return [*super().unsupported(), *(["logprobs"] if self.logprobs else []),
                 *(["suffix"] if self.suffix else []), *(["best_of"] if (self.best_of or 1) > 1 else [])]
 
@@ -111,6 +119,16 @@ class ChatRequest(_Sampling):
 
     def unsupported(self) -> list[str]:
         return [*super().unsupported(), *(["logprobs"] if self.logprobs else [])]
+
+
+class AttentionRequest(_Body):
+    """The page's POST /api/attention: the weights of the token at ``position`` of ``ids`` (the first
+    ``prompt_tokens`` of them the prompt)."""
+
+    model: str
+    ids: list[int]
+    prompt_tokens: int
+    position: int
 
 
 def parse(model: type[_Body], data: Any) -> Any:

@@ -80,10 +80,25 @@ def run(cfg: ServeConfig) -> None:
     app = create_app(models, key, cfg.max_body_bytes, renderer)
     config = uvicorn.Config(app, log_level="info", access_log=cfg.log_requests, timeout_graceful_shutdown=5)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn has shut down cleanly, then re-raises the Ctrl-C it caught
-        pass
-    print("stopped")
+        stopping_server(config, models).run(sockets=[sock])
+    except KeyboardInterrupt as err:  # uvicorn shut down cleanly, then re-raised the signal it caught: exit 130
+        how = "SIGTERM" if str(err) == "SIGTERM" else "Ctrl-C"
+        said = f"stopped ({how}); the streams still open ended with an error chunk saying so"
+        raise KeyboardInterrupt(said) from None
+
+
+def stopping_server(config, models: dict[str, Served]):
+    """uvicorn's server, which on Ctrl-C or SIGTERM first ends every sequence being decoded: open streams end at
+    once with an error chunk ("the server is shutting down") instead of being cancelled after the grace period."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            for served in models.values():
+                served.engine.halt()
+
+    return Server(config)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.errors import UserError
+from gpt.tokenizers import split_pattern
 
 EOT = "<|endoftext|>"  # ends every document in prepared data (as GPT-2's id 50256 does)
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")  # ChatML: <|im_start|>role\n...<|im_end|>
@@ -137,11 +138,28 @@ def check_pipeline(spec: dict[str, Any]) -> None:
         raise ValueError("its pre_tokenizer is not a ByteLevel pre-tokenizer")
     if steps[-1].get("type") != "ByteLevel" or any(s.get("type") != "Split" for s in steps[:-1]):
         raise ValueError("its pre_tokenizer is not ByteLevel (optionally after Split steps)")
+    for step in steps[:-1]:
+        check_split(step)
     if steps[-1].get("add_prefix_space"):
         raise ValueError("its ByteLevel pre-tokenizer adds a prefix space (decoding would not give the text back)")
     decoder = spec.get("decoder")
     if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel":
         raise ValueError("its decoder is not ByteLevel")
+
+
+def check_split(step: dict[str, Any]) -> None:
+    """A Split step's pattern: a literal string, or a regular expression that cannot backtrack catastrophically
+    (gpt.tokenizers.split_pattern: the library would panic on ordinary text)."""
+    pattern = step.get("pattern")
+    if not isinstance(pattern, dict) or len(pattern) != 1 or not isinstance(next(iter(pattern.values())), str):
+        raise ValueError("its Split pre-tokenizer's pattern must be {\"String\": ...} or {\"Regex\": ...}")
+    kind, text = next(iter(pattern.items()))
+    if kind == "Regex":
+        found = split_pattern.problem(text)
+        if found is not None:
+            raise ValueError(f"its Split pre-tokenizer's regular expression is refused: {found}")
+    elif kind != "String":
+        raise ValueError(f"its Split pre-tokenizer's pattern is {kind!r}, not String or Regex")
 
 
 def vocabulary(spec: dict[str, Any]) -> tuple[list[bytes], dict[str, int]]:

@@ -140,7 +140,7 @@ class BPETokenizer:
     kind = "bpe"
 
     def __init__(self, json_text: str, where: str = "the tokenizer", chat_template: str | None = None) -> None:
-        self.chat_template = chat_template
+        self.chat_template, self.where = chat_template, where
         parsed = bpe.parse(json_text, where)
         self.json, self.sha256 = json_text, bpe.sha256(json_text)
         self.library, self.pieces = parsed.tokenizer, parsed.pieces
@@ -161,9 +161,17 @@ class BPETokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text (the library encodes them in parallel, without the GIL)."""
         try:
-            encodings = self.library.encode_batch_fast(texts, add_special_tokens=False)
-        except TypeError:  # a lone surrogate (a JSON escape) is not text to Rust: one U+FFFD each, as tiktoken does
-            encodings = self.library.encode_batch_fast([valid_unicode(t) for t in texts], add_special_tokens=False)
+            try:
+                encodings = self.library.encode_batch_fast(texts, add_special_tokens=False)
+            except TypeError:  # a lone surrogate (a JSON escape) is not text to Rust: one U+FFFD each, as tiktoken does
+                encodings = self.library.encode_batch_fast([valid_unicode(t) for t in texts], add_special_tokens=False)
+        except BaseException as err:  # the library's panic is a BaseException (pyo3_runtime.PanicException)
+            if type(err).__name__ != "PanicException":
+                raise
+            raise UserError(f"{self.where}: the tokenizers library gave up encoding a text "
+                            f"({str(err).splitlines()[0][:200] if str(err) else 'it panicked'})",
+                            hint="the tokenizer's Split pre-tokenizer pattern backtracks too much on such text: use a "
+                            "tokenizer whose pattern repeats single characters or classes only") from None
         return [e.ids for e in encodings]
 
     def decode(self, ids: list[int]) -> str:

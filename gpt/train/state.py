@@ -90,8 +90,10 @@ class TrainState:
             "world_size": len(rngs),
         }
 
-    def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None]) -> None:
-        """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks)."""
+    def load_state_dict(self, payload: dict[str, Any], ranks: Ranks, log: Callable[[str], None],
+                        source: Any = "the checkpoint") -> None:
+        """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks);
+        ``source`` names it in errors."""
         if ("adapter" in payload) != lora.has_adapters(self.model):
             trained = "with" if "adapter" in payload else "without"
             raise UserError(f"the checkpoint was trained {trained} LoRA adapters, this run is not",
@@ -100,7 +102,7 @@ class TrainState:
             parallelize.load_sharded(self.model, self.optimizer, payload["sharded"],
                                      payload["optimizer"]["param_groups"])
         elif lora.has_adapters(self.model):  # the base weights are init_from's, loaded already
-            lora.load_adapter_state(self.model, payload.get("adapter") or {})
+            lora.load_adapter_state(self.model, payload.get("adapter"), str(source))
             parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
         else:
             parallelize.load_model_state(self.model, payload["model"])

@@ -121,7 +121,7 @@ class Trainer:
             init_weights = None  # the base of the adapters, loaded
             log(lora.describe(self.state.model))
         if resume_from is not None:
-            self.state.load_state_dict(resume_from, ranks, log)
+            self.state.load_state_dict(resume_from, ranks, log, source)
             how = "decaying" if source == decay_source else "resumed"
             log(f"{how} from {source} at step {self.state.step}")
         elif init_weights is not None:
@@ -151,8 +151,10 @@ class Trainer:
         try:
             with SignalGuard(verbose=self.ranks.is_main) as signals:
                 while True:
-                    if self.evaluation_due():
-                        self.evaluate()
+                    if self.evaluation_due() and not self.evaluate(signals):  # a stop signal during it
+                        interrupted_by = signals.received or "a signal on another rank"
+                        self.checkpointer.save(self.state, best=False)
+                        break
                     if self.state.step >= self.train_config.max_iters or self.out_of_time:
                         break
                     result = self.train_step(signals)
@@ -201,13 +203,17 @@ class Trainer:
         due = step % self.train_config.eval_interval == 0 or step == self.train_config.max_iters or self.out_of_time
         return due and not self.state.evaluated
 
-    def evaluate(self) -> None:
-        """Both splits' losses; TensorBoard samples; a checkpoint (best.pt too when val improved)."""
+    def evaluate(self, signals: SignalGuard | None = None) -> bool:
+        """Both splits' losses; TensorBoard samples; a checkpoint (best.pt too when val improved). False when a stop
+        signal came during it: the evaluation is left unfinished (a long one would hold the stop for minutes)."""
         state, step = self.state, self.state.step
         train = self.train_config
         losses = estimate_loss(self.model, self.data, batches=train.eval_iters, batch_size=train.batch_size,
                                block_size=self.model_config.block_size, seed=self.run.seed, device=self.device,
-                               autocast=self.forward_context, ranks=self.ranks)
+                               autocast=self.forward_context, ranks=self.ranks,
+                               stop=lambda: signals is not None and signals.received is not None)
+        if losses is None:
+            return False
         if not all(math.isfinite(v) for v in losses.values()):
             raise AbortRun(f"non-finite evaluation loss at step {step} (train {losses['train']}, val {losses['val']}); "
                            f"stopped without saving: {self.checkpointer.latest} holds the last good state",
@@ -226,6 +232,7 @@ class Trainer:
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                          f"val ppl {val['ppl']:.2f}{bpb}")
         self.throughput.restart_window()
+        return True
 
     def train_step(self, signals: SignalGuard) -> StepResult:
         """One optimizer step: grad_accum micro-steps, clipping, one agreement of all ranks, the update."""

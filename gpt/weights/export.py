@@ -23,13 +23,15 @@ class ExportConfig(ScriptConfig):
     ckpt: str = MISSING  # a run directory or .pt file, an exported folder, a Hugging Face GPT-2 folder
     out: Optional[str] = None  # default: <run directory>/export
     format: str = "hf"  # hf: what transformers opens (GPT-2, Starcoder2 or remote code) | native: this project's own
-    gguf_type: str = "f16"  # format=gguf: f32 | f16 | q8_0 (writes <out>/model-<gguf_type>.gguf)
+    gguf_type: str = "f16"  # format=gguf: f32 | f16 | q8_0 (writes <out>/model-<gguf_type>.gguf, or out=<x>.gguf)
     overwrite: bool = False  # replace an export already in out
     push_to_hub: Optional[str] = None  # a Hub repository id (user/name): upload the export there (extra [hf])
     private: bool = False  # with push_to_hub: create the repository private
 
     def __post_init__(self) -> None:
-        if self.out is not None:
+        if self.out is not None and self.format == "gguf" and gguf_export.is_file_name(self.out):
+            output_path(self.out, "out", suffix=".gguf")  # out=model.gguf: that file
+        elif self.out is not None:
             output_path(self.out, "out", folder=True)
         if self.format not in formats.FORMATS:
             raise ConfigError(f"format must be one of {', '.join(formats.FORMATS)}, got {self.format!r}",

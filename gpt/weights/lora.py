@@ -8,6 +8,8 @@ embedding could never learn); an adapter file holds just those tensors, a few MB
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -80,19 +82,46 @@ def adapter_state(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
-def load_adapter_state(model: nn.Module, state: dict[str, Tensor]) -> None:
-    """Put what ``adapter_state`` took back into a model with the same adapters (a resumed LoRA run)."""
+def load_adapter_state(model: nn.Module, state: Any, source: str = "the checkpoint") -> None:
+    """Put what ``adapter_state`` took back into a model with the same adapters (a resumed LoRA run), each entry
+    checked first against the model and this run's settings (names, tensors, shapes), a UserError naming ``source``
+    and the entry otherwise: nothing is loaded unless all match."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    expected = {n for n in params if "lora_" in n} | {f"{k}.rows" for k in ROWS if model.lora_rows and k in params}
-    if set(state) != expected:
-        raise UserError(f"the checkpoint's adapter entries are not this run's ({len(state)} against "
-                        f"{len(expected)})", hint="resume with the chat.lora_* settings the run was trained with")
+    check_adapter_state(model, state, params, source)
     with torch.no_grad():
         for name, tensor in state.items():
             if name.endswith(".rows"):
-                params[name.removesuffix(".rows")][model.lora_rows] = tensor
+                params[name.removesuffix(".rows")][model.lora_rows] = tensor.to(params[name[:-5]].dtype)
             else:
                 params[name].copy_(tensor)
+
+
+def check_adapter_state(model: nn.Module, state: Any, params: dict[str, Tensor], source: str) -> None:
+    """Refuse adapter entries this model cannot take: not a mapping, another set of names, an entry that is not a
+    floating-point tensor, or one of another shape (another chat.lora_rank, another model), naming the entry."""
+    hint = "resume with the chat.lora_* settings the run was trained with (its config.yaml), or start a new run"
+    if not isinstance(state, dict):
+        raise UserError(f"{source}: its adapter entry is a {type(state).__name__}, not a mapping of tensors",
+                        hint="the file is damaged or was not written by this framework")
+    expected = {n: tuple(p.shape) for n, p in params.items() if "lora_" in n}
+    expected |= {f"{k}.rows": (len(model.lora_rows), model.config.n_embd) for k in ROWS
+                 if model.lora_rows and k in params}
+    extra, missing = sorted(set(state) - set(expected), key=str), sorted(set(expected) - set(state))
+    if extra or missing:
+        what = f"holds {str(extra[0])[:80]!r}, which" if extra else f"lacks {missing[0]!r}, which"
+        raise UserError(f"{source}: the adapters are not this run's: it {what} this run's "
+                        f"{'does not have' if extra else 'needs'} ({len(state)} entries against {len(expected)})",
+                        hint=hint)
+    ranks = {p.shape[0] for n, p in params.items() if "lora_A" in n}
+    for name, shape in expected.items():
+        tensor = state[name]
+        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+            kind = f"a {tensor.dtype} tensor" if isinstance(tensor, Tensor) else f"a {type(tensor).__name__}"
+            raise UserError(f"{source}: adapter entry {name} is {kind}, not a floating-point tensor",
+                            hint="the file is damaged or was not written by this framework")
+        if tuple(tensor.shape) != shape:
+            raise UserError(f"{source}: adapter entry {name} has shape {list(tensor.shape)}, this run's adapters "
+                            f"(chat.lora_rank={'/'.join(map(str, sorted(ranks)))}) need {list(shape)}", hint=hint)
 
 
 def merged_state(model: nn.Module) -> dict[str, Tensor]:

@@ -258,7 +258,7 @@ def test_a_folder_of_another_configuration_or_a_damaged_result_is_refused(tmp_pa
         arena_runs.check_folder(folder, other)
     assert arena_runs.finished(folder) is None
     (folder / arena_runs.RESULT_FILE).write_text('{"val_bpb": "3.1"')
-    with pytest.raises(UserError, match="cannot be read"):
+    with pytest.raises(UserError, match="not valid JSON"):
         arena_runs.finished(folder)
     (folder / arena_runs.RESULT_FILE).write_text('{"val_bpb": "3.1"}')
     with pytest.raises(UserError, match="params is missing or not a number"):

@@ -212,7 +212,7 @@ def test_a_signal_during_the_final_renames_waits_for_them(tmp_path, monkeypatch)
         real(staging, data_dir, meta)
 
     monkeypatch.setattr(prep, "commit", commit_interrupted_halfway)
-    with pytest.raises(KeyboardInterrupt, match=f"preparation stopped \\(SIGINT\\) once complete: {tmp_path / 's'}"):
+    with pytest.raises(KeyboardInterrupt, match=f"preparation stopped \\(Ctrl-C\\) once complete: {tmp_path / 's'}"):
         prepare(cfg, **QUIET)
     monkeypatch.undo()
     assert len(TokenData(tmp_path / "s").splits["val"]) > 0  # complete and valid

@@ -5,9 +5,10 @@ compared with tests/golden/tiny_dropout.json, for an uninterrupted run and for t
 halfway and resumed. A refactoring of the training code must leave all of it unchanged.
 
 The values depend on torch's version and the CPU's floating-point kernels, so the file holds one trace per
-environment it was recorded in (torch version, CPU vendor and SIMD level). Where one was recorded on an
-environment like this one, the run must match it bit for bit; elsewhere (a new torch, another CPU) it must match
-within TOLERANCE, and the test says which comparison ran. Add this environment's trace, recorded with the
+environment it was recorded in (torch version and build, CPU vendor and SIMD level: conftest.environment). Where
+one was recorded on an environment like this one, the run must match it bit for bit; elsewhere (a new torch, a
+CUDA build, another CPU) it must match within TOLERANCE, and the test says which comparison ran
+(conftest.check_recorded). Add this environment's trace, recorded with the
 code of a commit whose trace matched elsewhere, with ``GOLDEN_UPDATE=1 pytest tests/train/test_golden.py``.
 """
 
@@ -17,14 +18,12 @@ import hashlib
 import json
 import math
 import os
-import platform
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, run_script
+from conftest import ROOT, check_recorded, environment, run_script
 
 GOLDEN = ROOT / "tests" / "golden" / "tiny_dropout.json"
 STEPS = 16
@@ -38,16 +37,6 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # two machines with torch 2.13.0 (AMD EPYC with AVX2, and the one CI ran on before) differ in 3 of 21 losses, by
 # at most 8.4e-8 relative.
 TOLERANCE = 1e-4
-
-
-def environment() -> dict[str, str]:
-    """What the bits of the trace depend on: torch's version, the CPU's vendor and the SIMD level torch uses."""
-    vendor = ""
-    if Path("/proc/cpuinfo").is_file():
-        lines = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")]
-        vendor = lines[0].split(":", 1)[1].strip() if lines else ""
-    return {"torch": torch.__version__, "cpu_vendor": vendor or platform.processor(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine()}
 
 
 def scalars(run_dir: Path) -> dict[str, list[str]]:
@@ -105,8 +94,11 @@ def record(run: dict) -> None:
     GOLDEN.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
 
 
-def bitwise_equal(run: dict, golden: dict) -> bool:
-    return run["scalars"] == golden["scalars"] and run["model"] == golden["model"]
+def bitwise_differences(run: dict, golden: dict) -> list[str]:
+    """The losses and final tensors of a run that are not bit for bit those of a trace."""
+    differs = [tag for tag in golden["scalars"] if run["scalars"].get(tag) != golden["scalars"][tag]]
+    return differs + sorted(name for name in set(run["model"]) | set(golden["model"])
+                            if run["model"].get(name) != golden["model"].get(name))
 
 
 @pytest.mark.slow
@@ -117,21 +109,9 @@ def test_the_run_matches_the_golden_trace(straight):
     if os.environ.get("GOLDEN_UPDATE") == "1":
         record(straight)
     traces = json.loads(GOLDEN.read_text())["traces"]
-    here = environment()
-    for golden in traces:
-        if golden["environment"] == here:
-            assert straight["scalars"] == golden["scalars"], "per-step or evaluation losses differ from the trace"
-            changed = [name for name in golden["model"] if straight["model"].get(name) != golden["model"][name]]
-            assert set(straight["model"]) == set(golden["model"]) and not changed, f"final tensors differ: {changed}"
-    exact = [golden["environment"] for golden in traces if bitwise_equal(straight, golden)]
-    if exact:
-        print(f"golden trace: bit for bit, as recorded on {exact[0]}")
-        return
-    for golden in traces:
-        bad = within_tolerance(straight, golden)
-        assert not bad, f"beyond {TOLERANCE} of the trace recorded on {golden['environment']}: {bad}"
-    warnings.warn(f"golden trace: no trace recorded on {here}; compared within {TOLERANCE} (relative) instead "
-                  "of bit for bit", UserWarning, stacklevel=1)
+    recordings = [(golden["environment"], bitwise_differences(straight, golden), within_tolerance(straight, golden))
+                  for golden in traces]
+    check_recorded("golden trace", recordings, f"{TOLERANCE} (relative)")
 
 
 @pytest.mark.slow

@@ -39,6 +39,8 @@ class GPTAttentionConfig(PretrainedConfig):
         self.num_hidden_layers = self.model_config.get("n_layer", 1)  # what generation utilities look up
         self.hidden_size = self.model_config.get("n_embd", 1)
         self.num_attention_heads = self.model_config.get("n_head", 1)
+        if "block_size" in self.model_config:  # the context, under the names tools read it by (lm-eval, vLLM)
+            self.max_position_embeddings = self.n_positions = self.model_config["block_size"]
 
 
 class Context:
@@ -190,6 +192,10 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, past_key_values=None,
                 use_cache=None, return_dict=None, **kwargs) -> CausalLMOutputWithPast:
+        limit = self.config.model_config["block_size"]
+        if input_ids.size(1) > limit:
+            raise ValueError(f"sequence length {input_ids.size(1)} exceeds the model's context of {limit} tokens "
+                             "(max_position_embeddings): pass at most that many; generate() slides its window")
         ctx = self.context(input_ids, attention_mask, position_ids)
         x = self.transformer.wte(input_ids)  # (B, T, C)
         if "wpe" in self.transformer:
@@ -204,5 +210,10 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits)
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs) -> dict:
-        """No KV cache: every step runs the whole sequence."""
+        """No KV cache: every step runs the whole sequence, its last block_size tokens once it is longer (the
+        window slides, as the project's own generation does)."""
+        limit = self.config.model_config["block_size"]
+        if input_ids.size(1) > limit:
+            input_ids = input_ids[:, -limit:]
+            attention_mask = None if attention_mask is None else attention_mask[:, -limit:]
         return {"input_ids": input_ids, "attention_mask": attention_mask}
