@@ -224,7 +224,7 @@ def test_ctrl_c_while_consolidate_writes_exits_130_and_leaves_no_partial_file(tm
 
     from gpt import GPT, GPTConfig, files
     from gpt.weights import sharded
-    from gpt.weights.consolidate import main as consolidate_main
+    from gpt.consolidate import main as consolidate_main
 
     monkeypatch.setattr("test_sharded_checkpoint.CONFIG", GPTConfig(n_layer=2, n_head=2, n_embd=256, block_size=8,
                                                                      vocab_size=12))
