@@ -223,8 +223,8 @@ def test_ctrl_c_while_consolidate_writes_exits_130_and_leaves_no_partial_file(tm
     from test_sharded_checkpoint import write_step
 
     from gpt import GPT, GPTConfig, files
-    from gpt.weights import sharded
     from gpt.consolidate import main as consolidate_main
+    from gpt.weights import sharded
 
     monkeypatch.setattr("test_sharded_checkpoint.CONFIG", GPTConfig(n_layer=2, n_head=2, n_embd=256, block_size=8,
                                                                      vocab_size=12))
