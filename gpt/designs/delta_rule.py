@@ -13,10 +13,12 @@ uses: S' = alpha_t S_{t-1}; S_t = S' + k_t (beta_t (v_t - S'^T k_t))^T: the valu
 fraction beta_t of the way to v_t.
 
 Where q and k are L2-normalised: inside every function here (``l2norm``, flash-linear-attention's form, eps 1e-6), in
-the working precision, so ||k_t|| = 1 and I - beta_t k_t k_t^T is a contraction whatever the caller passes; the
+the working precision, so ||k_t|| = 1 and I - beta_t k_t k_t^T never grows the state whatever the caller passes; the
 caller passes raw projections (after its short convolution and activation). q is then scaled by ``scale`` (default
-Dk^-1/2, as transformers and flash-linear-attention do). Inputs are (B, H, T, D) like the rest of gpt/designs; q and k
-may have fewer heads than v (Hk dividing Hv: value head h reads key head h // (Hv // Hk), Qwen3-Next's grouping).
+Dk^-1/2, as transformers and flash-linear-attention do). The gates are the caller's: g <= 0 and beta in (0, 1), as
+Gated DeltaNet's -softplus and sigmoid make them, unchecked here (a check would stall a GPU). Inputs are (B, H, T, D)
+like the rest of gpt/designs; q and k may have fewer heads than v (Hk dividing Hv: value head h reads key head
+h // (Hv // Hk), Qwen3-Next's grouping).
 
 Three forms, held to each other by tests/designs/test_delta_rule.py: ``reference`` (float64, token by token, the
 explicit matrix product: the truth), ``recurrent_step`` (one token, for decoding) and ``chunked`` (the WY/UT form

@@ -82,9 +82,8 @@ def test_a_prefill_hands_its_state_on_to_more_chunks_or_to_decoding(dtype, tol):
 def test_gradients_equal_the_references():
     x = inputs(B=1, Hk=1, Hv=2, T=11, Dk=4, Dv=3, state=True, grad=True, seed=7)
     gen = torch.Generator().manual_seed(8)
-    w_out, w_state = torch.randn(1, 2, 11, 3, generator=gen, dtype=torch.float64), torch.randn(1, 2, 4, 3,
-                                                                                               generator=gen,
-                                                                                               dtype=torch.float64)
+    w_out = torch.randn(1, 2, 11, 3, generator=gen, dtype=torch.float64)  # weights on o (B, Hv, T, Dv)
+    w_state = torch.randn(1, 2, 4, 3, generator=gen, dtype=torch.float64)  # ... and on the final state
 
     def grads(out, state):
         return torch.autograd.grad((out * w_out).sum() + (state * w_state).sum(), x)
