@@ -48,13 +48,14 @@ def compiled_decode_step(**options) -> Callable[[GPT, Tensor, Tensor, KVCache], 
 
 def cpu_compile_options() -> dict:
     """compiled_decode_step's options on a CPU: inductor's C++ wrapper calls the step's kernels without a Python
-    line per kernel (on the default model it made the compiled step about 1.2x faster; compiling takes longer)."""
+    line and size check per kernel, which a profile of the default model's compiled step showed; compiling takes
+    longer (docs/benchmarks.md)."""
     return {"options": {"cpp_wrapper": True}}
 
 
 def steady(step: Callable) -> contextlib.AbstractContextManager:
-    """Around every compiled decode step of a cache but its first: Dynamo skips its guard checks, a fifth of the
-    default model's compiled step on a CPU. The first step checked them for this model, cache and batch, and no
+    """Around every compiled decode step of a cache but its first: Dynamo skips its guard checks (a sixth of the
+    default model's compiled step on a CPU). The first step checked them for this model, cache and batch, and no
     value a guard reads changes before the next prefill (a new cache, whose first step is checked again); where
     several compilations exist, Dynamo still checks what tells them apart. Eager steps: nothing."""
     if step is decode_step:
