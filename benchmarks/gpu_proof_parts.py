@@ -19,6 +19,7 @@ import torch
 from gpt import GPT
 from gpt import kernels as attention
 from gpt.arena.arena import presets
+from gpt.bench.decode_hf import hf_greedy, hf_twin, ours_greedy
 from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError
@@ -266,35 +267,6 @@ def decode(s: Sizes, out: Path) -> dict[str, Any]:
     if hf is None:
         result["note"] = "transformers is not installed: this project's side only (see scripts/gpu_proof.sh --wheels)"
     return result
-
-
-def hf_twin(model: GPT):
-    """transformers' GPT2LMHeadModel with this model's weights (gpt.interop.hf's export mapping), or None without it."""
-    try:
-        import transformers
-    except ImportError:
-        return None
-    from gpt.interop.hf import META_KEY, hf_config, to_hf_state
-
-    values = hf_config(model.config, {"kind": "char", "vocab_size": model.config.vocab_size}, torch.float32, "proof")
-    config = transformers.GPT2Config(**{k: v for k, v in values.items() if k != META_KEY})
-    twin = transformers.GPT2LMHeadModel(config)
-    twin.load_state_dict(to_hf_state(model.state_dict(), model.config), strict=False)
-    twin.tie_weights()
-    return twin.to(next(model.parameters()).device).eval()
-
-
-def ours_greedy(model: GPT, prompt: torch.Tensor, n: int) -> list[int]:
-    from gpt.inference.decoding import generate
-
-    return generate(model, prompt, n, temperature=0.0)[0, prompt.size(1):].tolist()
-
-
-@torch.no_grad()
-def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
-    out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                         attention_mask=torch.ones_like(prompt))
-    return out[0, prompt.size(1):].tolist()
 
 
 def time_decode(fn, device: torch.device, n: int) -> tuple[float, list[int]]:

@@ -1,7 +1,13 @@
-"""Decode speed: prefill and per-token decode, with the KV cache and with full recomputation."""
+"""Decode speed: prefill and per-token decode, with the KV cache (eager, and compiled) and with full recomputation.
+
+The ways of decoding run interleaved, one after the other in every repeat, so that a shared machine's load falls on
+all of them alike; each speed-up is the median of the repeats' own ratios. A compiled step's compilation is timed
+apart and reported with the number of tokens it takes to pay for itself. Against transformers: gpt.bench.decode_hf.
+"""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Optional
@@ -9,12 +15,21 @@ from typing import Optional
 import torch
 
 from gpt import GPT
-from gpt.bench.report import markdown_table, median_seconds
+from gpt.bench.decode_hf import against_transformers
+from gpt.bench.report import (
+    compile_step,
+    describe_device,
+    first_call_seconds,
+    interleaved,
+    markdown_table,
+    median_seconds,
+    ratio,
+)
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
-from gpt.inference.decoding import compiled_decode_step, decode_step, generate
+from gpt.inference.decoding import decode_step, generate
 from gpt.model.config import ModelConfig, ScriptConfig
-from gpt.weights.load import load
+from gpt.weights.load import load_model
 
 
 @dataclass
@@ -25,23 +40,38 @@ class BenchDecodeConfig(ScriptConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     vocab_size: int = 256  # for random weights
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    threads: Optional[int] = None  # CPU threads (torch.set_num_threads); None: torch's default
     new_tokens: int = 500
     prompt_lens: list[int] = field(default_factory=lambda: [1, 64])
     batch_size: int = 1
     repeats: int = 3
     compile: bool = False  # also time the cached step compiled once (gpt.inference.decoding.compiled_decode_step)
+    transformers: bool = False  # also GPT-2 124M against transformers' generate (gpt.bench.decode_hf)
+    hf_new_tokens: int = 100  # new tokens of the transformers comparison (after a 16-token prompt)
 
     def __post_init__(self) -> None:
-        check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats")
+        check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats", "hf_new_tokens")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be a positive count or null, got {self.threads}")
         if not self.prompt_lens or any(n < 1 for n in self.prompt_lens):
             raise ConfigError(f"prompt_lens must be positive token counts, got {self.prompt_lens}")
 
 
+
+
+
+
+
+
+
+
 def run(cfg: BenchDecodeConfig) -> str:
-    """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return a markdown table."""
+    """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return markdown tables."""
     device = resolve_device(cfg.device.type)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     if cfg.ckpt:
-        model = load(cfg.ckpt, device).model
+        model, _ = load_model(cfg.ckpt, device)
         source = cfg.ckpt
     else:
         torch.manual_seed(0)
@@ -50,27 +80,49 @@ def run(cfg: BenchDecodeConfig) -> str:
     mc = model.config
     header = (
         f"decode benchmark: {source}, {model.num_params() / 1e6:.2f}M parameters, block_size {mc.block_size}, "
-        f"attention={mc.attention}, device {device}, batch {cfg.batch_size}, {cfg.new_tokens} new tokens, "
-        f"median of {cfg.repeats}"
+        f"attention={mc.attention}, device {describe_device(device, cfg.threads)}, torch {torch.__version__}, "
+        f"batch {cfg.batch_size}, {cfg.new_tokens} new tokens, {cfg.repeats} interleaved repeats (median)"
     )
-    steps = {"KV cache": decode_step, **({"KV cache, compiled": compiled_decode_step()} if cfg.compile else {})}
-    rows = []
+    out = [header, "", decode_table(cfg, model, device)]
+    if cfg.transformers:
+        out += ["", against_transformers(cfg, device)]
+    return "\n".join(out)
+
+
+def decode_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> str:
+    """One row per prompt length: prefill, tokens/s of each way of decoding, speed-ups, whether the tokens agree."""
+    mc = model.config
+    ways = {"KV cache": (True, decode_step), **({"KV cache, compiled": (True, compile_step(device))}
+                                                 if cfg.compile else {}), "recompute": (False, decode_step)}
+    rows, compiled_notes = [], []
     for prompt_len in cfg.prompt_lens:
         prompt = torch.randint(0, mc.vocab_size, (cfg.batch_size, min(prompt_len, mc.block_size)), device=device)
         with torch.no_grad():
             prefill = median_seconds(partial(model, prompt), device, cfg.repeats)
-        speed = {}
-        for name, kv_cache, step in [*((n, True, s) for n, s in steps.items()), ("recompute", False, decode_step)]:
-            decode = partial(generate, model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv_cache, step=step)
-            if name.endswith("compiled"):
-                decode()  # the one compilation, outside the timing
-            speed[name] = cfg.new_tokens * cfg.batch_size / median_seconds(decode, device, cfg.repeats)
+        fns = {name: partial(generate, model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv, step=step)
+               for name, (kv, step) in ways.items()}
+        tokens = {name: fn() for name, fn in fns.items() if name != "KV cache, compiled"}
+        if cfg.compile:
+            first = first_call_seconds(fns["KV cache, compiled"], device)  # compiles at the first prompt only
+            tokens["KV cache, compiled"] = fns["KV cache, compiled"]()
+        times = interleaved(fns, device, cfg.repeats)
+        speed = {name: cfg.new_tokens * cfg.batch_size / statistics.median(t) for name, t in times.items()}
+        same = all(torch.equal(t, tokens["recompute"]) for t in tokens.values())
+        if cfg.compile and not compiled_notes:
+            compiled, eager = statistics.median(times["KV cache, compiled"]), statistics.median(times["KV cache"])
+            saved = (eager - compiled) / (cfg.new_tokens * cfg.batch_size)
+            pays = f"{(first - compiled) / saved:,.0f} tokens" if saved > 0 else "never (not faster)"
+            compiled_notes.append(f"compiled: the first call (compilation and one decode of {cfg.new_tokens} tokens "
+                                  f"after {prompt.size(1)}) took {first:.1f} s; the compiled step is "
+                                  f"{ratio(times, 'KV cache', 'KV cache, compiled'):.2f}x as fast as the eager one "
+                                  f"here, so its compilation pays for itself after {pays}")
         rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
-                     *(f"{speed[name]:,.0f}" for name in speed),
-                     *(f"{speed[name] / speed['recompute']:.1f}x" for name in steps)])
+                     *(f"{speed[name]:,.0f}" for name in ways),
+                     *(f"{ratio(times, 'recompute', name):.1f}x" for name in ways if name != "recompute"),
+                     "yes" if same else "NO"])
     table = markdown_table(
-        ["prompt tokens", "prefill ms", "prefill tok/s", *(f"decode tok/s ({name})" for name in [*steps, "recompute"]),
-         *(f"speed-up ({name})" for name in steps)],
+        ["prompt tokens", "prefill ms", "prefill tok/s", *(f"decode tok/s ({name})" for name in ways),
+         *(f"speed-up ({name})" for name in ways if name != "recompute"), "same tokens"],
         rows,
     )
-    return header + "\n\n" + table
+    return table + "".join(f"\n\n{note}" for note in compiled_notes)

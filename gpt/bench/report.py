@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from gpt.inference.decoding import compiled_decode_step, cpu_compile_options
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -54,3 +56,33 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each fn in every repeat, the fns taking turns (after one untimed call each)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+def ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
+    """The median over repeats of slow's time / fast's time in the same repeat."""
+    return statistics.median(s / f for s, f in zip(times[slow], times[fast]))
+
+def first_call_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of one call (a compiled step's first: its compilation and one decode)."""
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+def compile_step(device: torch.device) -> Callable:
+    """The compiled decode step (with the C++ wrapper on a CPU)."""
+    return compiled_decode_step(**(cpu_compile_options() if device.type == "cpu" else {}))

@@ -145,9 +145,12 @@ class Renderer:
 def start_worker(memory: int) -> subprocess.Popen:
     """A worker process, waited for until it has imported Jinja (not part of any time limit)."""
     try:
-        process = subprocess.Popen(  # -I: no user site, no PYTHON* variables, not this folder on the path
+        # -I: no user site, no PYTHON* variables, not this folder on the path. A session of its own: a terminal's
+        # Ctrl-C goes to the foreground process group, and a renderer still starting (a spare) would die of it
+        # with a traceback on the user's screen; its parent ends it, and it ends itself when its stdin closes.
+        process = subprocess.Popen(
             [sys.executable, "-I", str(WORKER), str(memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, encoding="utf-8")
+            text=True, encoding="utf-8", start_new_session=True)
     except OSError as err:  # no process to be had (a limit on processes, memory)
         said = f"could not start a chat template renderer ({err.strerror or err}); retry shortly"
         raise RenderersBusy(said) from None

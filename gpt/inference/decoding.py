@@ -9,6 +9,7 @@ logits into a token is gpt.inference.sampling's job; the model itself knows noth
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -41,8 +42,25 @@ def decode_step(model: GPT, token: Tensor, positions: Tensor, cache: KVCache) ->
 def compiled_decode_step(**options) -> Callable[[GPT, Tensor, Tensor, KVCache], Tensor]:
     """decode_step under torch.compile with fullgraph=True: one compilation serves every step of every sequence of
     the same batch size (a one-token step reads every cache slot, the token count is a tensor). ``options`` go to
-    torch.compile (backend, mode)."""
+    torch.compile (backend, mode, options: e.g. {"cpp_wrapper": True} on a CPU, see cpu_compile_options)."""
     return torch.compile(decode_step, fullgraph=True, **options)
+
+
+def cpu_compile_options() -> dict:
+    """compiled_decode_step's options on a CPU: inductor's C++ wrapper calls the step's kernels without a Python
+    line and size check per kernel, which a profile of the default model's compiled step showed; compiling takes
+    longer (docs/benchmarks.md)."""
+    return {"options": {"cpp_wrapper": True}}
+
+
+def steady(step: Callable) -> contextlib.AbstractContextManager:
+    """Around every compiled decode step of a cache but its first: Dynamo skips its guard checks (a sixth of the
+    default model's compiled step on a CPU). The first step checked them for this model, cache and batch, and no
+    value a guard reads changes before the next prefill (a new cache, whose first step is checked again); where
+    several compilations exist, Dynamo still checks what tells them apart. Eager steps: nothing."""
+    if step is decode_step:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
 def left_pad(rows: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -104,6 +122,7 @@ def stream(
     finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
     cache: KVCache | None = None  # the first step always prefills, so next_token is set before a decode
     next_token = positions = torch.empty(0, dtype=torch.long, device=device)
+    checked = False  # whether this cache's first decode step ran with Dynamo's guards (see steady)
     decode_pin = pin_for(model.config.attention, model.config.attention_backend, device,  # held by a compiled step too
                          compute_dtype(device, next(model.parameters()).dtype), decoding=True)
     for _ in range(max_new_tokens):
@@ -112,10 +131,12 @@ def stream(
             idx, key_mask, positions = left_pad([row[start:] for row, start in zip(rows, starts)], device)
             cache = KVCache(model.config, len(rows), device) if kv_cache else None
             logits = prefill(model, idx, positions, key_mask, cache)
+            checked = False
         else:  # decode: one new token per row against the cached keys
             positions = positions[:, -1:] + 1
-            with decode_pin:
+            with decode_pin, steady(step) if checked else contextlib.nullcontext():
                 logits = step(model, next_token, positions, cache)
+            checked = True
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
         for row, token in zip(rows, next_token.flatten().tolist()):
             row.append(token)

@@ -70,7 +70,7 @@ def answer(env, compiled, request):
 
 def main():
     limit = int(sys.argv[1])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches this process too: its parent decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a SIGINT sent to it anyway: its parent decides
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     os.nice(10)  # a runaway template spins until killed: the server and its decoding come first
     env, compiled = environment(), {}

@@ -23,7 +23,8 @@ SCHEDULES = ("cosine", "wsd", "constant")
 
 @dataclass
 class TrainConfig:
-    """Defaults are the default run's (model=small on stdlib_char, about 7 minutes on a 2-core CPU)."""
+    """Defaults are the longer run's of README's "The default run" (model=small on stdlib_char; `make train QUICK=`);
+    `make train` sets its own shorter horizon (the Makefile's QUICK)."""
 
     max_iters: int = 1600  # optimizer steps
     batch_size: int = 32  # sequences per micro-step

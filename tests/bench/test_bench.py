@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import ROOT, needs_gpt2, run_script
@@ -156,3 +157,35 @@ def test_bench_data_reports_the_median_run_and_the_speedup_from_medians():
     assert row["peak_mib"] == 7 and row["mb_s"] == pytest.approx(1 / 3)
     two = median_row([dict(wall_s=2.5, work_s=1.5, tokens=100, peak=0)], 10**6, "prepare, 2 thread(s)")
     assert speedups([row, two]) == ["1 MB: prepare, 2 thread(s) is 2.00x one thread (3.00 s / 1.50 s)"]
+
+
+def decode_config(*overrides: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(compose_bench("bench_decode", "device=cpu", "model=tiny", *overrides))
+
+
+def test_bench_decode_interleaves_cache_and_recompute_and_checks_their_tokens():
+    from gpt.bench.decode import run
+
+    out = run(decode_config("new_tokens=40", "prompt_lens=[1,8]", "repeats=2", "threads=1"))
+    assert "1 threads" in out and "2 interleaved repeats" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 8 |")]
+    assert len(rows) == 2
+    for row in rows:  # prompt, prefill ms, prefill tok/s, cache tok/s, recompute tok/s, speed-up, same tokens
+        assert row[5].endswith("x") and float(row[5][:-1]) > 0 and row[6] == "yes |"
+
+
+def test_bench_decode_against_transformers_runs_both_on_the_same_weights(monkeypatch):
+    import gpt.bench.decode_hf as decode_hf
+
+    pytest.importorskip("transformers")
+    cfg = decode_config("repeats=1", "hf_new_tokens=6")
+    tiny = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=300, dropout=0.0, bias=True)
+    table = decode_hf.against_transformers(cfg, torch.device("cpu"), tiny)
+    assert "2 layers of 32" in table and "6 new tokens" in table
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in table.splitlines()[4:]}
+    assert set(rows) == {"ours, KV cache", "transformers generate"}
+    assert all(row[3] == "yes |" for row in rows.values())  # greedy tokens equal transformers'
+    monkeypatch.setattr(decode_hf, "hf_twin", lambda model: None)
+    assert "skipped (transformers is not installed" in decode_hf.against_transformers(cfg, torch.device("cpu"), tiny)

@@ -56,3 +56,44 @@ def test_a_left_padded_row_decodes_as_it_would_alone(kernel, option):
         for i, n in enumerate(lengths):
             alone, _ = model(seq[i : i + 1, : n + 6])
             torch.testing.assert_close(torch.stack([s[i] for s in steps]), alone[0, n - 1 :], atol=1e-10, rtol=1e-10)
+
+
+def sharp_model(seed: int, **options) -> GPT:
+    """A float32 model with decisive greedy choices (logits scaled up), so rounding cannot flip a token."""
+    torch.manual_seed(seed)
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, **options)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+def test_the_compiled_fast_path_gives_the_eager_tokens_across_slides_and_padding():
+    """The CPU fast path (inductor, guards skipped after each cache's first step) decodes
+    the tokens of eager steps and of recomputation: 40 tokens slide a 16-token context (a new cache) four times."""
+    from gpt.decoding import compiled_decode_step, generate_batch
+
+    torch._dynamo.reset()
+    model = sharp_model(0, window=6)  # a ring of 6 slots, wrapping within every cache
+    prompts = [[3, 1, 4, 1, 5], [9, 2]]  # left-padded into one batch
+    step = compiled_decode_step()  # the C++ wrapper (cpu_compile_options) calls the same kernels: not compiled here
+    fast = generate_batch(model, prompts, 40, temperature=0.0, step=step)
+    assert fast == generate_batch(model, prompts, 40, temperature=0.0)
+    assert fast == generate_batch(model, prompts, 40, temperature=0.0, kv_cache=False)
+
+
+def test_skipped_guards_never_run_one_models_compiled_step_for_another():
+    """Guards are skipped only after a cache's first (checked) step: two models of different shapes taking turns
+    with one compiled step each get their own eager tokens."""
+    from gpt.decoding import compiled_decode_step, generate
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()  # Dynamo's guards and graphs, without inductor's compile time
+    step = compiled_decode_step(backend=counter)
+    models = [sharp_model(1), sharp_model(2, n_kv_head=2, window=5), sharp_model(3)]
+    prompt = torch.tensor([[7, 3, 9]])
+    for model in [*models, *models]:
+        assert torch.equal(generate(model, prompt, 20, temperature=0.0, step=step),
+                           generate(model, prompt, 20, temperature=0.0))
+    assert counter.frame_count >= 2  # the second shape compiled its own step

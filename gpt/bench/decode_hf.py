@@ -1,0 +1,89 @@
+"""Greedy decoding against transformers' GPT2LMHeadModel.generate on the same weights: GPT-2 124M's shape, random
+weights (no hub access needed: the same tensors go into both through gpt.interop.hf's export mapping), fp32, batch 1, a
+16-token prompt. The two take turns in every repeat, so a shared machine's load falls on both alike."""
+
+from __future__ import annotations
+
+import statistics
+from functools import partial
+
+import torch
+
+from gpt import GPT
+from gpt.bench.report import compile_step, first_call_seconds, interleaved, markdown_table, ratio
+from gpt.model.config import GPTConfig
+
+GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, dropout=0.0, bias=True)
+
+
+def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> str:
+    """ms per token of this project's cached decoding (eager, and compiled with cfg.compile) and of transformers'
+    generate on a model of ``shape``, their ratio and whether the tokens agree; one line saying why not when
+    transformers is missing."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**shape, attention=cfg.model.attention)).to(device).eval()
+    twin = hf_twin(model)
+    if twin is None:
+        return "against transformers: skipped (transformers is not installed: pip install -e '.[dev]')"
+    n = cfg.hf_new_tokens
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    prompt = prompt.to(device)
+    fns = {"ours, KV cache": partial(ours_greedy, model, prompt, n),
+           "transformers generate": partial(hf_greedy, twin, prompt, n)}
+    note = ""
+    if cfg.compile:
+        step = compile_step(device)
+        fns["ours, compiled"] = partial(ours_compiled, model, prompt, n, step)
+        note = f"\n\nours, compiled: first call {first_call_seconds(fns['ours, compiled'], device):.1f} s"
+    tokens = {name: fn() for name, fn in fns.items()}
+    times = interleaved(fns, device, cfg.repeats)
+    ours = [name for name in fns if name.startswith("ours")]
+    rows = [[name, f"{statistics.median(times[name]) / n * 1e3:.1f}",
+             f"{ratio(times, 'transformers generate', name):.2f}x" if name in ours else "1.00x",
+             "yes" if tokens[name] == tokens["transformers generate"] else "NO"] for name in fns]
+    name = "GPT-2 124M shape" if shape == GPT2_124M else f"{shape['n_layer']} layers of {shape['n_embd']}"
+    head = (f"against transformers {_version()}: {name} ({model.num_params() / 1e6:.1f}M parameters), "
+            f"random weights in both, fp32, greedy, batch 1, 16-token prompt, {n} new tokens")
+    return head + "\n\n" + markdown_table(["decoder", "ms per token", "speed vs transformers", "same tokens"],
+                                          rows) + note
+
+
+def ours_compiled(model: GPT, prompt: torch.Tensor, n: int, step) -> list[int]:
+    from gpt.inference.decoding import generate
+
+    return generate(model, prompt, n, temperature=0.0, step=step)[0, prompt.size(1):].tolist()
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def hf_twin(model: GPT):
+    """transformers' GPT2LMHeadModel with this model's weights (gpt.interop.hf's export mapping), or None without it."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    from gpt.interop.hf import META_KEY, hf_config, to_hf_state
+
+    values = hf_config(model.config, {"kind": "char", "vocab_size": model.config.vocab_size}, torch.float32, "proof")
+    config = transformers.GPT2Config(**{k: v for k, v in values.items() if k != META_KEY})
+    twin = transformers.GPT2LMHeadModel(config)
+    twin.load_state_dict(to_hf_state(model.state_dict(), model.config), strict=False)
+    twin.tie_weights()
+    return twin.to(next(model.parameters()).device).eval()
+
+
+def ours_greedy(model: GPT, prompt: torch.Tensor, n: int) -> list[int]:
+    from gpt.inference.decoding import generate
+
+    return generate(model, prompt, n, temperature=0.0)[0, prompt.size(1):].tolist()
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
+    out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                         attention_mask=torch.ones_like(prompt))
+    return out[0, prompt.size(1):].tolist()
