@@ -29,7 +29,7 @@ from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
 from gpt.inference.decoding import decode_step, generate
 from gpt.model.config import ModelConfig, ScriptConfig
-from gpt.weights.load import load_model
+from gpt.weights.load import load
 
 
 @dataclass
@@ -71,7 +71,7 @@ def run(cfg: BenchDecodeConfig) -> str:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     if cfg.ckpt:
-        model, _ = load_model(cfg.ckpt, device)
+        model = load(cfg.ckpt, device).model
         source = cfg.ckpt
     else:
         torch.manual_seed(0)

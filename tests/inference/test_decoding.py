@@ -71,7 +71,7 @@ def sharp_model(seed: int, **options) -> GPT:
 def test_the_compiled_fast_path_gives_the_eager_tokens_across_slides_and_padding():
     """The CPU fast path (inductor, guards skipped after each cache's first step) decodes
     the tokens of eager steps and of recomputation: 40 tokens slide a 16-token context (a new cache) four times."""
-    from gpt.decoding import compiled_decode_step, generate_batch
+    from gpt.inference.decoding import compiled_decode_step, generate_batch
 
     torch._dynamo.reset()
     model = sharp_model(0, window=6)  # a ring of 6 slots, wrapping within every cache
@@ -85,7 +85,7 @@ def test_the_compiled_fast_path_gives_the_eager_tokens_across_slides_and_padding
 def test_skipped_guards_never_run_one_models_compiled_step_for_another():
     """Guards are skipped only after a cache's first (checked) step: two models of different shapes taking turns
     with one compiled step each get their own eager tokens."""
-    from gpt.decoding import compiled_decode_step, generate
+    from gpt.inference.decoding import compiled_decode_step, generate
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
