@@ -85,8 +85,9 @@ def test_the_compiled_fast_path_gives_the_eager_tokens_across_slides_and_padding
 def test_skipped_guards_never_run_one_models_compiled_step_for_another():
     """Guards are skipped only after a cache's first (checked) step: two models of different shapes taking turns
     with one compiled step each get their own eager tokens."""
-    from gpt.inference.decoding import compiled_decode_step, generate
     from torch._dynamo.testing import CompileCounter
+
+    from gpt.inference.decoding import compiled_decode_step, generate
 
     torch._dynamo.reset()
     counter = CompileCounter()  # Dynamo's guards and graphs, without inductor's compile time
