@@ -29,8 +29,9 @@ REQUIRED: Any = object()  # a field without a default
 _NUMBER = (int, float)
 
 
-def read_json(path: str | Path, hint: str | None = None, max_bytes: int = MAX_BYTES) -> Any:
-    """The parsed JSON value of the file ``path``, read with every limit; a UserError naming the file otherwise."""
+def read_json(path: str | Path, hint: str | None = None, max_bytes: int = MAX_BYTES, strict: bool = True) -> Any:
+    """The parsed JSON value of the file ``path``, read with every limit; a UserError naming the file otherwise.
+    ``strict=False``: as parse_json's (NaN reads as NaN: a loss or a result's figure may be)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -41,7 +42,7 @@ def read_json(path: str | Path, hint: str | None = None, max_bytes: int = MAX_BY
             data = f.read(max_bytes + 1)
     except OSError as err:
         raise UserError(f"{path} cannot be read: {err.strerror or err}", hint=hint) from None
-    return parse_json(data, str(path), hint)
+    return parse_json(data, str(path), hint, strict=strict)
 
 
 def parse_json(data: bytes | str, where: str, hint: str | None = None, strict: bool = True) -> Any:

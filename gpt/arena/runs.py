@@ -46,19 +46,10 @@ def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     return None if a == b else prefix.rstrip(".")
 
 
-def read_json(path: Path, what: str, strict: bool = True) -> Any:
+def read_json(path: Path, strict: bool = True) -> Any:
     """A JSON value the arena wrote, read with gpt.validate's limits (size, nesting, digits), or one UserError
     saying the file is damaged and what to do. ``strict=False``: NaN reads as NaN (a result's figures may be)."""
-    hint = f"remove {path.parent} to run that cell again"
-    if strict:
-        return validate.read_json(path, hint=hint)
-    try:
-        data = path.read_bytes()[:validate.MAX_BYTES + 1]
-    except OSError as err:
-        raise UserError(f"{path} ({what}) cannot be read: {err.strerror or err}", hint=hint) from None
-    if len(data) > validate.MAX_BYTES:
-        raise UserError(f"{path} ({what}) is larger than any the arena writes", hint=hint)
-    return validate.parse_json(data, f"{path} ({what})", hint, strict=False)
+    return validate.read_json(path, hint=f"remove {path.parent} to run that cell again", strict=strict)
 
 
 def holds_run(folder: Path) -> bool:
@@ -79,7 +70,7 @@ def check_folder(folder: Path, run: Any, out_dir: Path | None = None) -> None:
             raise ConfigError(f"{parent} holds a training run that this arena did not start",
                               hint="choose another out_dir for the arena")
     if (folder / CELL_FILE).exists():
-        stored = read_json(folder / CELL_FILE, "the arena cell's configuration")
+        stored = read_json(folder / CELL_FILE)
         if not isinstance(stored, dict):
             raise UserError(f"{folder / CELL_FILE} is not a JSON object",
                             hint=f"remove {folder} to run that cell again")
@@ -99,7 +90,7 @@ def finished(folder: Path) -> dict[str, Any] | None:
     path = folder / RESULT_FILE
     if not path.exists():
         return None
-    record = validate.Record(read_json(path, "an arena result", strict=False), str(path),
+    record = validate.Record(read_json(path, strict=False), str(path),
                              hint=f"remove {folder} to run that cell again")
     unknown = sorted(set(record.value) - set(NUMBERS) - {"curve", "attention"})
     if unknown:

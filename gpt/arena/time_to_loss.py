@@ -105,14 +105,7 @@ SUMMARY_FIGURES = ("tokens", "step", "final_val_loss", "tokens_per_sec", "wall_s
 
 def lenient_json(path: Path) -> Any:
     """A JSON file this benchmark or a run wrote, with gpt.validate's limits; NaN reads as NaN (a loss may be)."""
-    hint = f"remove {path.parent} to run it again"
-    try:
-        data = path.read_bytes()[:validate.MAX_BYTES + 1]
-    except OSError as err:
-        raise UserError(f"{path} cannot be read: {err.strerror or err}", hint=hint) from None
-    if len(data) > validate.MAX_BYTES:
-        raise UserError(f"{path} is larger than any this benchmark writes", hint=hint)
-    return validate.parse_json(data, str(path), hint, strict=False)
+    return validate.read_json(path, hint=f"remove {path.parent} to run it again", strict=False)
 
 
 def read_record(path: Path, recipe: str, seed: int) -> dict[str, Any]:
