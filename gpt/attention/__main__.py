@@ -7,15 +7,28 @@ import sys
 import torch
 
 from gpt import kernels as attention
-from gpt.cli import bring_designs
+from gpt.cli import bring_designs, report_user_errors
 from gpt.device import resolve_device
+from gpt.errors import UserError
 from gpt.kernels import support
 from gpt.model import design as designs
 from gpt.model.design import spell
 
+USAGE = "usage: python -m gpt.attention [auto|cpu|cuda|mps]  (the kernels and designs, tried on that device)"
+
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return
+    report_user_errors(lambda: tables(argv))
+
+
+def tables(argv: list[str]) -> None:
+    """Print the kernel table and the design table for the device argv names (one word at most)."""
+    if len(argv) > 1:
+        raise UserError(f"python -m gpt.attention takes one device at most, got {' '.join(argv)!r}", hint=USAGE)
     bring_designs()  # a design file of GPT_DESIGNS that fails on import: one error line, as in every script
     device = resolve_device(argv[0] if argv else "auto")
     print(f"attention kernels on {device} (torch {torch.__version__}); each option tried on tiny tensors:\n")

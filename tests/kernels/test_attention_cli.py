@@ -58,3 +58,16 @@ def test_a_declaration_that_lies_is_caught():
     finally:
         registry.unregister("liar")
         registry.unregister("modest")
+
+
+@pytest.mark.parametrize("argv, said", [(["--help"], None), (["nope"], "error: unknown device 'nope'"),
+                                        (["cpu", "extra"], "error: python -m gpt.attention takes one device at most")])
+def test_help_and_bad_arguments_get_a_usage_or_one_error_line(capsys, argv, said):
+    if said is None:
+        main(argv)
+        assert capsys.readouterr().out.startswith("usage: python -m gpt.attention")
+        return
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(said) and "Traceback" not in err
