@@ -7,6 +7,7 @@ process, and then finds its result up to date instead of deleting the first one'
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ def preparation_lock(data_dir: Path, log: Callable[[str], None]) -> Iterator[boo
         yield False
         return
     path = data_dir.with_name(f".{data_dir.name}.lock")
+    made = [folder for folder in path.parents if not folder.exists()]  # data.root's folders, innermost first
     waited = False
     while True:
         file = open_lock_file(path)
@@ -54,6 +56,9 @@ def preparation_lock(data_dir: Path, log: Callable[[str], None]) -> Iterator[boo
             yield waited
         finally:
             path.unlink(missing_ok=True)  # while still locked: a waiter notices and locks a fresh file
+            for folder in made:  # a preparation that kept nothing leaves no folder it made (rmdir: empty ones only)
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def open_lock_file(path: Path) -> TextIO:

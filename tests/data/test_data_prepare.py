@@ -190,3 +190,18 @@ def test_few_documents_split_by_position_and_count_each_document_once(tmp_path):
 def test_bad_data_settings_are_config_errors(field, value, message):
     with pytest.raises(ConfigError, match=message):
         DataConfig(**{field: value})
+
+
+def test_a_failed_first_preparation_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    """Nothing kept (no shard complete): the staging folder and the data.root folders the run created go too."""
+    folder = corpus(tmp_path / "c")
+    root = tmp_path / "new" / "root"
+    cfg = DataConfig(name="f", source="path", path=str(folder), root=str(root), tokenizer="char")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prep, "encode_corpus", full_disk)
+    with pytest.raises(UserError, match="No space left on device"):
+        prepare(cfg, **QUIET)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
