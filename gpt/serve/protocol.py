@@ -67,6 +67,8 @@ class _Sampling(_Body):
 
     def unsupported(self) -> list[str]:
         """Parameters given a value this server cannot honour."""
+        if self.stream_options is not None and not self.stream:  # as OpenAI answers it
+            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         wanted = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "logit_bias": self.logit_bias}
         return [name for name, value in wanted.items() if value]
