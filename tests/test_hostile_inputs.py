@@ -447,6 +447,18 @@ def start(name: str, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def writing_when_stopped(proc: subprocess.Popen, out: Path) -> bool:
+    """Stop ``proc`` (SIGSTOP) as soon as an export's temporary files appear in ``out``; True if it stopped while
+    still writing them: config.json is written last, so no temporary config.json means no rename has begun."""
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".*.tmp")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(0.05)  # the stop takes effect
+    return proc.poll() is None and bool(list(out.glob(".*.tmp"))) and not list(out.glob(".config.json.*.tmp"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_export_cut_short_leaves_the_previous_export_and_no_temporary_file(tmp_path, sig):
@@ -458,12 +470,17 @@ def test_an_export_cut_short_leaves_the_previous_export_and_no_temporary_file(tm
     checkpoint.save(second, tmp_path / "second.pt")
     out = formats.export(first["model"], config, tokenizer, tmp_path / "export")
     before = snapshot(out)
-    proc = start("export", f"ckpt={tmp_path / 'second.pt'}", f"out={out}", "overwrite=true")
-    deadline = time.monotonic() + 120
-    while not list(out.glob(".*.tmp")):  # the new weights are being written: interrupt now
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.002)
-    proc.send_signal(sig)
+    for _ in range(5):  # until the signal lands while the files are written (a loaded machine can miss the moment)
+        proc = start("export", f"ckpt={tmp_path / 'second.pt'}", f"out={out}", "overwrite=true")
+        if writing_when_stopped(proc, out):
+            break
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=120) == 0 and proc.communicate() and not list(out.glob(".*"))
+        formats.export(first["model"], config, tokenizer, out)  # the first export again, for the next try
+    else:
+        pytest.fail("the export was never caught writing its files in five tries")
+    proc.send_signal(sig)  # held until SIGCONT: it lands while the weights or the first text files are written
+    proc.send_signal(signal.SIGCONT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     one_error(stderr, f"interrupted ({'Ctrl-C' if sig == signal.SIGINT else 'SIGTERM'})")
