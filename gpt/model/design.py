@@ -44,6 +44,8 @@ class Design:
     on: Any = None  # the switch's value meaning "on"; None: any value but the field's default
     fields: tuple[str, ...] = ()  # further model config fields it owns (its check() validates them)
     options: dict[str, Any] = {}  # a brought design's own settings and defaults, kept in model.design_options
+    layer_options: dict[str, Any] = {}  # settings a layer kind may give it, with defaults (model.layer_kinds.<kind>.
+    # options.<design>.<key>: e.g. RoPE's base); read with layer_option(config, name, key)
     runtime: bool = False  # its settings change no weight: a resumed run or a sampling session may change them
     positional: bool = False  # it encodes positions itself, so the model has no learned position table (wpe)
     layer: type | None = None  # an attention layer replacing the core's (a gpt.model.CausalSelfAttention subclass)
@@ -90,6 +92,10 @@ class Design:
 
     def check(self, config: GPTConfig) -> None:
         """Validate (and resolve defaults of) its own fields; raise ConfigError naming the field."""
+
+    def check_layer_options(self, values: dict[str, Any], where: str) -> None:
+        """Validate a layer kind's settings of this design (layer_options' keys, defaults filled in); ``where``
+        names them (model.layer_kinds.S.options.rope)."""
 
     def build(self, layer: Any, config: GPTConfig) -> None:
         """Add its parameters or modules to an attention layer (called in the layer's __init__)."""
@@ -142,6 +148,11 @@ def modeling_file(name: str) -> str:
     """The path of a built-in design's remote-code part, gpt/interop/modeling/<name>.py: a file an export copies
     (gpt.interop.targets), never imported."""
     return str(Path(__file__).resolve().parent.parent / "interop" / "modeling" / f"{name}.py")
+
+
+def layer_option(config: GPTConfig, name: str, key: str) -> Any:
+    """Design ``name``'s per-layer setting ``key`` in this (kind's) config: the kind's value or the design's default."""
+    return config.kind_options.get(name, {}).get(key, get(name).layer_options[key])
 
 
 def field_default(config: GPTConfig, name: str) -> Any:
