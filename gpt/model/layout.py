@@ -99,7 +99,10 @@ def _designs_of(config: GPTConfig, kind: dict, where: str, changes: dict[str, An
     for name in names:
         if name not in designs.available():
             raise designs.DesignUnavailable(name)
-        for key, value in designs.get(name).on_preset().items():
+        design = designs.get(name)
+        for key, value in design.on_preset().items():
+            if key not in ("designs", design.switch, *design.fields):  # a preset's kernel or window: the kind's own
+                continue
             if key in switched and key != "designs":
                 raise ConfigError(f"{where}.designs names {switched[key]} and {name}, which both set model.{key}",
                                   hint=f"keep one of them in {where}.designs")
