@@ -229,6 +229,12 @@ def active(config: GPTConfig) -> list[Design]:
     return [d for d in _designs().values() if d.enabled(config)]
 
 
+def active_anywhere(config: GPTConfig) -> list[Design]:
+    """The designs some layer turns on (a layout's kinds together; a uniform model's: active), in hook order."""
+    kinds = list(config.kinds().values())
+    return [d for d in _designs().values() if any(d.enabled(kind) for kind in kinds)]
+
+
 def layer_class(config: GPTConfig) -> type | None:
     """The attention layer class a design of this config brings (None: the core's)."""
     return next((d.layer for d in active(config) if d.layer is not None), None)

@@ -14,7 +14,8 @@ from gpt.weights.load import load
 pytestmark = pytest.mark.slow
 
 LAYOUTS = {
-    "5:1 local:global": ["model.n_layer=6", "model.layers=SSSSSL", "model.layer_kinds={S: {window: 8, designs: [rope]}, "
+    "5:1 local:global": ["model.n_layer=6", "model.layers=SSSSSL",
+                         "model.layer_kinds={S: {window: 8, designs: [rope]}, "
                          "L: {designs: [rope], options: {rope: {base: 1000000}}}}"],
     "NoPE every 4th": ["model.n_layer=4", "model.layers=RRRN", "model.layer_kinds={R: {designs: [rope]}, N: {}}"],
 }
