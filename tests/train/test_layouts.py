@@ -1,6 +1,7 @@
 """Layouts (model.layers) through the real training loop: a 5:1 local:global layout with a RoPE base per kind and
 NoPE on every 4th layer each train, resume bit for bit after stopping halfway, and generate the same greedy text
-with the cache as without it (scripts/generate.py), their cached logits equal to the full forward's."""
+with the cache as without it (scripts/generate.py), their cached logits equal to the full forward's; scripts/export.py
+refuses to write them in a format that would describe one design for every layer."""
 
 from __future__ import annotations
 
@@ -39,3 +40,6 @@ def test_a_layout_trains_resumes_bit_for_bit_and_decodes_as_the_full_forward(nam
         steps = [model(idx[:, :3], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
                                                          for t in range(3, idx.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    export = run_script("export", f"ckpt={run}", f"out={tmp_path / 'hf'}", "format=hf")
+    assert export.returncode == 2 and export.stderr.startswith("error: model.layers=") and "format=hf" in export.stderr
+    assert len(export.stderr.splitlines()) == 2 and not (tmp_path / "hf").exists()  # the error and its hint
