@@ -81,6 +81,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
         y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        for part in self.parts:  # an output gate
+            y = part.output(self, y, x, ctx)
         return self.resid_dropout(self.c_proj(y))
 
     def qkv(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:

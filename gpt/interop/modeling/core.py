@@ -96,7 +96,10 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.own.qkv(self, x, ctx) if hasattr(self.own, "qkv") else self.qkv(x, ctx)
         y = self.own.attend(self, q, k, v, ctx) if hasattr(self.own, "attend") else self.softmax_attention(q, k, v, ctx)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        for part in self.parts:  # an output gate, given the layer's input
+            y = part.output(self, y, x, ctx) if hasattr(part, "output") else y
+        return self.c_proj(y)
 
     def softmax_attention(self, q, k, v, ctx):
         return attention(self, q, k, v, ctx)
