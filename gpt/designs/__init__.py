@@ -10,6 +10,7 @@ registers itself when imported here, and the package gpt imports this module fir
 
 from gpt.designs import (  # noqa: F401  (each registers its design; hooks run in BUILTIN's order)
     alibi,
+    deltanet,
     diff,
     gated,
     linear,

@@ -26,7 +26,8 @@ from gpt.errors import ConfigError
 
 GPTConfig = Any  # gpt.model.config.GPTConfig, which reads this registry (so this module cannot import it)
 
-BUILTIN = ("qk_norm", "rope", "softcap", "alibi", "sink", "diff", "linear", "mla", "stream", "gated")  # hook order
+BUILTIN = ("qk_norm", "rope", "softcap", "alibi", "sink", "diff", "linear", "mla", "stream", "gated",
+           "deltanet")  # hook order
 EXPORT_FORMATS = ("hf", "native")  # hf: transformers' GPT-2 layout; native: this project's own (any design)
 
 

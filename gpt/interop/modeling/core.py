@@ -72,14 +72,16 @@ def attention(layer, q, k, v, ctx):
 
 class Attention(nn.Module):
     """c_attn -> q, k, v (fewer key/value heads allowed), the parts' q/k transforms, attention, c_proj.
-    A layer part (one with ``attend`` or ``qkv``) replaces those steps as the design's own layer does."""
+    A layer part (one with ``attend`` or ``qkv``, or ``forward``: all of them) replaces those steps as the design's
+    own layer does."""
 
     def __init__(self, mc: dict, layer: int, parts: list) -> None:
         super().__init__()
         self.layer, self.parts = layer, parts
         self.n_head, self.n_kv_head = mc["n_head"], mc.get("n_kv_head") or mc["n_head"]
         self.head_dim = mc["n_embd"] // mc["n_head"]
-        self.own = next((p for p in parts if hasattr(p, "attend") or hasattr(p, "qkv")), None)  # a layer design
+        self.own = next((p for p in parts if hasattr(p, "attend") or hasattr(p, "qkv") or hasattr(p, "forward")),
+                        None)  # a layer design
         self.qk_dim = self.own.qk_width(mc) if hasattr(self.own, "qk_width") else self.head_dim
         self.scale = None
         if hasattr(self.own, "add_projections"):
@@ -93,6 +95,8 @@ class Attention(nn.Module):
                 part.build(self, mc)
 
     def forward(self, x, ctx):
+        if hasattr(self.own, "forward"):  # a layer of its own from its input (Gated DeltaNet)
+            return self.own.forward(self, x, ctx)
         B, T, C = x.shape
         q, k, v = self.own.qkv(self, x, ctx) if hasattr(self.own, "qkv") else self.qkv(x, ctx)
         y = self.own.attend(self, q, k, v, ctx) if hasattr(self.own, "attend") else self.softmax_attention(q, k, v, ctx)
