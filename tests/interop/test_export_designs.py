@@ -34,6 +34,11 @@ CASES = {
     "alibi+qk_norm+softcap+sink": ({"pos_embedding": "alibi", "qk_norm": True, "attn_softcap": 3.0, "attn_sink": True,
                                     "n_kv_head": 2, "attention": "manual"}, "remote"),
     "diff+rope+qk_norm+mqa": ({"diff_attn": True, "pos_embedding": "rope", "qk_norm": True, "n_kv_head": 1}, "remote"),
+    "rmsnorm+rope+gqa (Starcoder2 has LayerNorm)": ({"norm": "rmsnorm", "pos_embedding": "rope", "n_kv_head": 2},
+                                                    "remote"),
+    "gated+rope+qk_norm+rmsnorm (Qwen3-Next's attention)": ({"designs": ["gated"], "pos_embedding": "rope",
+                                                              "qk_norm": True, "norm": "rmsnorm", "bias": False,
+                                                              "n_kv_head": 2}, "remote"),
 }
 
 # Gated DeltaNet's export runs the recurrence token by token, the project the chunked form: on these weights (every

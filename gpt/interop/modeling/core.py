@@ -127,6 +127,13 @@ class Attention(nn.Module):
         return q, k
 
 
+def norm_layer(mc: dict) -> nn.Module:
+    """model.norm: GPT-2's LayerNorm, or RMSNorm (a weight only, epsilon 1e-6)."""
+    if mc.get("norm", "layernorm") == "rmsnorm":
+        return nn.RMSNorm(mc["n_embd"], eps=1e-6)
+    return nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+
+
 class MLP(nn.Module):
     def __init__(self, mc: dict) -> None:
         super().__init__()
@@ -141,9 +148,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, mc: dict, layer: int, parts: list) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+        self.ln_1 = norm_layer(mc)
         self.attn = Attention(mc, layer, parts)
-        self.ln_2 = nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+        self.ln_2 = norm_layer(mc)
         self.mlp = MLP(mc)
 
     def forward(self, x, ctx):
@@ -167,7 +174,7 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
         if not positional:
             self.transformer.wpe = nn.Embedding(mc["block_size"], mc["n_embd"])
         self.transformer.h = nn.ModuleList([Block(mc, i, self.parts) for i in range(mc["n_layer"])])
-        self.transformer.ln_f = nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+        self.transformer.ln_f = norm_layer(mc)
         self.lm_head = nn.Linear(mc["n_embd"], mc["vocab_size"], bias=False)
         self.post_init()
 
