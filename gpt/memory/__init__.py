@@ -110,6 +110,8 @@ def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
         saved += n * act * 2 * (c - kv)  # k and v repeated up to n_head heads
     if not fused:
         saved += 2 * batch * h * seq * seq * act  # scores and probabilities
+    if config.norm == "rmsnorm":
+        saved += n * 2 * 4 * c  # nn.RMSNorm (not fused on a CPU) keeps one more fp32 C-wide tensor per norm (measured)
     if config.dropout > 0:
         saved += 2 * n * c  # the residual dropouts' masks (one byte per element)
         if not fused:
@@ -139,6 +141,8 @@ def activations(config: GPTConfig, batch: int, seq: int, act: int, checkpointing
     and one block at a time is recomputed in the backward."""
     n, c, v = batch * seq, config.n_embd, config.vocab_size
     head = n * (4 * c + act * c + 4 * 2) + n * v * (act + 4)  # ln_f in/out (+stats), logits, fp32 log-softmax
+    if config.norm == "rmsnorm":
+        head += n * 4 * c  # as a block's norms (block_activations)
     kinds = {name: block_activations(kind, batch, seq, act) for name, kind in config.kinds().items()}
     if checkpointing:
         return head + config.n_layer * n * 4 * c + max(kinds.values())

@@ -16,6 +16,7 @@ from gpt.model import design as designs
 from gpt.model import layout
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
+NORMS = ("layernorm", "rmsnorm")  # model.norm: GPT-2's LayerNorm (weight and bias), RMSNorm (a weight only)
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
@@ -35,6 +36,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh (GPT-2's) | gelu (exact) | relu2 (ReLU squared)
+    norm: str = "layernorm"  # the blocks' and the final norm: layernorm (GPT-2's) | rmsnorm (Llama's, Qwen's)
     tie_head: bool = True  # the output head is the token embedding (GPT-2); false: a head of its own
     zero_init_proj: bool = False  # the blocks' output projections (c_proj) start at zero, not GPT-2's scaled normal
     attention: str = "sdpa"
@@ -116,9 +118,11 @@ class GPTConfig:
         return self._kind_configs[self.kind_of(layer)]
 
     def _check_core_options(self) -> None:
-        """The MLP's activation and the head's and projections' switches."""
+        """The MLP's activation, the norm, and the head's and projections' switches."""
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.norm not in NORMS:
+            raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         for name in ("tie_head", "zero_init_proj"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")

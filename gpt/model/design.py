@@ -26,7 +26,8 @@ from gpt.errors import ConfigError
 
 GPTConfig = Any  # gpt.model.config.GPTConfig, which reads this registry (so this module cannot import it)
 
-BUILTIN = ("qk_norm", "rope", "softcap", "alibi", "sink", "diff", "linear", "mla", "stream")  # hook order
+BUILTIN = ("qk_norm", "rope", "softcap", "alibi", "sink", "diff", "linear", "mla", "stream", "gated",
+           "deltanet")  # hook order
 EXPORT_FORMATS = ("hf", "native")  # hf: transformers' GPT-2 layout; native: this project's own (any design)
 
 
@@ -111,6 +112,11 @@ class Design:
         """Kernel keywords modifying the scores (its kernel_options: softcap, bias, sink)."""
         return {}
 
+    def output(self, layer: Any, y: Tensor, x: Tensor, ctx: Any) -> Tensor:
+        """Change the heads' outputs y (B, T, C), side by side, before the output projection c_proj, given the
+        layer's input x (B, T, C): an output gate."""
+        return y
+
     def flops(self, config: GPTConfig, seq: int, flops: int) -> int | None:
         """Training FLOPs per token (forward and backward) of one attention layer with this design on, given
         ``flops``, the layer's count before it, for ``seq``-token sequences: matrix products only, attention dense
@@ -134,6 +140,10 @@ class Design:
     def ref_sink(self, layer: Any, head: int) -> Tensor | float:
         """What this design adds to each softmax denominator (a sink's exp(logit))."""
         return 0.0
+
+    def ref_output(self, layer: Any, y: Tensor, x: Tensor) -> Tensor:
+        """The heads' outputs y (B, T, C) before c_proj, as this design changes them given the layer input x."""
+        return y
 
     def ref_keys(self, config: GPTConfig, i: int, keys: list[int]) -> list[int]:
         """The keys query i may see, given those of the causal window."""

@@ -1,4 +1,4 @@
-"""The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks, tied output head.
+"""The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks (RMSNorm: model.norm), tied head.
 
 Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights map one to
 one. The attention formula lives in gpt.kernels (the kernels); the designs of gpt.designs act through the seams
@@ -84,6 +84,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
         y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        for part in self.parts:  # an output gate
+            y = part.output(self, y, x, ctx)
         return self.resid_dropout(self.c_proj(y))
 
     def qkv(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
@@ -120,6 +122,17 @@ class CausalSelfAttention(nn.Module):
         return kwargs
 
 
+RMS_NORM_EPS = 1e-6  # model.norm=rmsnorm's epsilon (Llama's and Qwen's rms_norm_eps)
+
+
+def norm_layer(config: GPTConfig) -> nn.Module:
+    """A block's or the final norm over n_embd features: GPT-2's LayerNorm (a bias too unless bias=false), or RMSNorm
+    (x / rms(x) times a weight; no mean subtracted, no bias). Either is named ln_1, ln_2, ln_f."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=RMS_NORM_EPS)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
 class MLP(nn.Module):
     """Position-wise feed-forward: expand 4x, the activation (GPT-2's tanh GELU by default), project back."""
 
@@ -140,9 +153,9 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.kind = config.kind  # whose Context it reads (None: a uniform model's one)
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm_layer(config)
         self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
@@ -162,7 +175,7 @@ class GPT(nn.Module):
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.transformer.drop = nn.Dropout(config.dropout)
         self.transformer.h = nn.ModuleList([Block(config.layer(i), i) for i in range(config.n_layer)])
-        self.transformer.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.transformer.ln_f = norm_layer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_head:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
