@@ -32,7 +32,10 @@ LOCAL_GLOBAL = dict(n_layer=6, layers="SSSSSL", layer_kinds={  # Gemma 3's 5:1, 
     "L": {"window": None, "designs": ["rope"], "options": {"rope": {"base": 1000000}}}})
 NOPE_EVERY_4TH = dict(n_layer=4, layers=["rope", "rope", "rope", "nope"], layer_kinds={  # Llama 4's NoPE layers
     "rope": {"designs": ["rope"]}, "nope": {}})
-LAYOUTS = {"5:1 local:global": LOCAL_GLOBAL, "NoPE every 4th": NOPE_EVERY_4TH}
+DELTANET_GATED = dict(n_layer=4, layers="DDDG", norm="rmsnorm", layer_kinds={  # Qwen3-Next's 3:1
+    "D": {"designs": ["deltanet"]}, "G": {"designs": ["gated", "rope"]}})
+LAYOUTS = {"5:1 local:global": LOCAL_GLOBAL, "NoPE every 4th": NOPE_EVERY_4TH,
+           "3:1 Gated DeltaNet:gated attention": DELTANET_GATED}
 
 
 def layout(settings: dict, **more) -> GPTConfig:
@@ -113,6 +116,12 @@ def test_the_planner_computes_the_bytes_a_filled_cache_holds_and_a_5_to_1_layout
     assert measured["uniform"] == memory.kv_bytes_per_token(uniform, 4) == 6 * 2 * 64 * 4
     assert measured["layout"] == (5 * 512 + 4096) * 2 * 64 * 4 / 4096
     assert measured["layout"] / measured["uniform"] <= 0.3
+    hybrid = GPTConfig(**{**shape, **DELTANET_GATED, "n_layer": 8})  # fixed states beside two global layers
+    cache = KVCache(hybrid, 1, "cpu")
+    with torch.no_grad():
+        GPT(hybrid).eval()(torch.zeros(1, 100, dtype=torch.long), cache=cache)
+    assert cache.held_bytes() / hybrid.block_size == memory.kv_bytes_at_context(hybrid, 4)
+    assert [type(layer).__name__ for layer in cache.layers[:4]] == ["DeltaState"] * 3 + ["LayerKV"]
 
 
 def test_flops_and_activations_add_up_each_layer_of_its_kind():

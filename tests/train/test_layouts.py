@@ -1,7 +1,8 @@
-"""Layouts (model.layers) through the real training loop: a 5:1 local:global layout with a RoPE base per kind and
-NoPE on every 4th layer each train, resume bit for bit after stopping halfway, and generate the same greedy text
-with the cache as without it (scripts/generate.py), their cached logits equal to the full forward's; scripts/export.py
-refuses to write them in a format that would describe one design for every layer."""
+"""Layouts (model.layers) through the real training loop: a 5:1 local:global layout with a RoPE base per kind, NoPE
+on every 4th layer and Qwen3-Next's 3:1 Gated DeltaNet:gated attention each train, resume bit for bit after stopping
+halfway, and generate the same greedy text with the cache as without it (scripts/generate.py), their cached logits
+equal to the full forward's; scripts/export.py refuses to write them in a format that would describe one design for
+every layer."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ LAYOUTS = {
                          "model.layer_kinds={S: {window: 8, designs: [rope]}, "
                          "L: {designs: [rope], options: {rope: {base: 1000000}}}}"],
     "NoPE every 4th": ["model.n_layer=4", "model.layers=RRRN", "model.layer_kinds={R: {designs: [rope]}, N: {}}"],
+    "3:1 Gated DeltaNet:gated attention": ["model.n_layer=4", "model.layers=DDDG", "model.norm=rmsnorm",
+                                           "model.layer_kinds={D: {designs: [deltanet]}, G: {designs: [gated, rope]}}"],
 }
 
 
