@@ -1,6 +1,6 @@
 """A layout per layer (model.layers, model.layer_kinds): each layer built from its kind's config, a RoPE base per kind,
 NoPE layers, a cache per layer whose bytes the memory planner computes, the layout's exports, and every bad layout
-refused in one line before anything is built. Training and resuming: tests/train/test_layouts.py."""
+refused in one line before anything is built. Training and resuming: tests/train/test_layout_training.py."""
 
 from __future__ import annotations
 
@@ -211,13 +211,16 @@ def composed(config_name: str, overrides: list[str]):
         return typed(compose(config_name=config_name, overrides=overrides))
 
 
-def test_the_docs_commands_compose_and_the_planner_prints_the_lines_the_docs_show():
+def test_the_docs_commands_compose_and_the_planner_prints_the_lines_the_docs_show(tmp_path):
     trains = doc_commands("python scripts/train.py")
-    assert len(trains) == 3
+    assert len(trains) == 5
+    load_talking_heads(tmp_path)  # as designs=[talking_heads.py] does
     for overrides in trains:
-        run = composed("train", overrides)
+        run = composed("train", [o for o in overrides if o != "designs=[talking_heads.py]"])
         config = run.model.build(65)
-        assert config.layers in ("SSSSSL", "RRRN") and len(config.kinds()) == 2
+        assert config.layers in ("SSSSSL", "RRRN", "DDDG", "TTTR") and len(config.kinds()) == 2
+        if config.layers == "DDDG":
+            assert config.layer(0).design_options["delta_chunk"] == 32 and config.design_options == {}
     text = (ROOT / "docs" / "layouts.md").read_text()
     plans = doc_commands("python -m gpt.memory")
     assert len(plans) == 2
@@ -226,12 +229,17 @@ def test_the_docs_commands_compose_and_the_planner_prints_the_lines_the_docs_sho
         assert line in text, line
 
 
-def test_a_design_a_user_brings_is_a_layer_kind_and_acts_on_its_layers_only(tmp_path):
-    if "talking_heads" not in registry.available():  # docs/designs.md's design, loaded from a file as a user does
+def load_talking_heads(folder) -> None:
+    """docs/designs.md's design, loaded from a file as a user does (once per process)."""
+    if "talking_heads" not in registry.available():
         text = (ROOT / "docs" / "designs.md").read_text()
         code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", text, flags=re.S | re.M).group(1)
-        (tmp_path / "talking_heads.py").write_text(code)
-        loading.load(str(tmp_path / "talking_heads.py"))
+        (folder / "talking_heads.py").write_text(code)
+        loading.load(str(folder / "talking_heads.py"))
+
+
+def test_a_design_a_user_brings_is_a_layer_kind_and_acts_on_its_layers_only(tmp_path):
+    load_talking_heads(tmp_path)
     config = layout({"n_layer": 4, "layers": "TTTR", "layer_kinds": {
         "T": {"window": 6, "designs": ["talking_heads", "rope"]}, "R": {"designs": ["rope"]}}})
     model = perturbed_model(config.to_dict(), sharpen=2.0)
