@@ -106,3 +106,25 @@ def test_a_bad_chunk_on_the_command_line_is_one_error_line(tmp_path):
     assert lines[0].startswith("error: model.design_options.delta_chunk must be"), lines
     assert lines[1:] == ["hint: model.design_options.delta_chunk=64"] and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_the_built_in_designs_commands_of_the_docs_run_as_written(tmp_path, data_args):
+    """docs/designs.md's "bash built-in" block: each train command (on the test corpus, fewer steps) and the
+    generation from its run."""
+    import re
+    import shlex
+
+    from conftest import ROOT, run_script
+
+    text = (ROOT / "docs" / "designs.md").read_text()
+    lines = re.search(r"^```bash built-in\n(.*?)^```$", text, flags=re.S | re.M).group(1).strip().splitlines()
+    assert [line.split()[1] for line in lines] == ["scripts/train.py", "scripts/train.py", "scripts/generate.py"]
+    for line in lines:
+        script, *args = shlex.split(line)[1:]
+        name = script.removeprefix("scripts/").removesuffix(".py")
+        extra = ["device=cpu", *(["train.max_iters=4", "train.eval_iters=1", "train.batch_size=4", *data_args]
+                                 if name == "train" else [])]
+        result = run_script(name, *args, *extra, cwd=tmp_path, timeout=600)
+        assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
+    assert result.stdout.strip()  # generated text
