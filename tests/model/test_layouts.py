@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from conftest import ROOT, perturbed_model
 from gpt import GPT, GPTConfig, memory
+from gpt.arena.arena import kv_bytes_per_token
 from gpt.designs import loading, reference
 from gpt.errors import ConfigError, UserError
 from gpt.inference.decoding import generate_batch
@@ -121,6 +122,7 @@ def test_the_planner_computes_the_bytes_a_filled_cache_holds_and_a_5_to_1_layout
     with torch.no_grad():
         GPT(hybrid).eval()(torch.zeros(1, 100, dtype=torch.long), cache=cache)
     assert cache.held_bytes() / hybrid.block_size == memory.kv_bytes_at_context(hybrid, 4)
+    assert kv_bytes_per_token(GPT(five_to_one), torch.device("cpu")) == measured["layout"]  # the arena's column
     assert [type(layer).__name__ for layer in cache.layers[:4]] == ["DeltaState"] * 3 + ["LayerKV"]
 
 
