@@ -184,8 +184,8 @@ def kv_bytes_per_token(model: torch.nn.Module, device: torch.device) -> float:
     cache = KVCache(model.config, batch_size=1, device=device)
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache)
-    held = sum(layer.held_bytes() for layer in cache.layers)  # linear attention: its fixed state, over block_size
-    return held / cache.layers[0].tokens
+    return cache.held_bytes() / cache.tokens  # linear attention: its fixed state, over block_size; a layout: over
+    # the longest context its layers stand for (block_size once a layer keeps every token)
 
 
 def decode_rate(model: torch.nn.Module, n_tokens: int, device: torch.device) -> float:

@@ -8,6 +8,7 @@ apart and reported with the number of tokens it takes to pay for itself. Against
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Optional
@@ -24,11 +25,13 @@ from gpt.bench.report import (
     markdown_table,
     median_seconds,
     ratio,
+    sync,
 )
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
-from gpt.inference.decoding import decode_step, generate
+from gpt.inference.decoding import decode_step, generate, prefill
 from gpt.model.config import ModelConfig, ScriptConfig
+from gpt.model.kv_cache import KVCache
 from gpt.weights.load import load
 
 
@@ -48,6 +51,8 @@ class BenchDecodeConfig(ScriptConfig):
     compile: bool = False  # also time the cached step compiled once (gpt.inference.decoding.compiled_decode_step)
     transformers: bool = False  # also GPT-2 124M against transformers' generate (gpt.bench.decode_hf)
     hf_new_tokens: int = 100  # new tokens of the transformers comparison (after a 16-token prompt)
+    contexts: list[int] = field(default_factory=list)  # also: ms per decoded token with this many tokens cached
+    context_steps: int = 64  # decoding steps timed at each of those contexts
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "new_tokens", "batch_size", "repeats", "hf_new_tokens")
@@ -55,6 +60,9 @@ class BenchDecodeConfig(ScriptConfig):
             raise ConfigError(f"threads must be a positive count or null, got {self.threads}")
         if not self.prompt_lens or any(n < 1 for n in self.prompt_lens):
             raise ConfigError(f"prompt_lens must be positive token counts, got {self.prompt_lens}")
+        if any(n < 1 for n in self.contexts) or self.context_steps < 1:
+            raise ConfigError(f"contexts must be positive token counts and context_steps positive, got "
+                              f"{self.contexts} and {self.context_steps}")
 
 
 
@@ -84,6 +92,8 @@ def run(cfg: BenchDecodeConfig) -> str:
         f"batch {cfg.batch_size}, {cfg.new_tokens} new tokens, {cfg.repeats} interleaved repeats (median)"
     )
     out = [header, "", decode_table(cfg, model, device)]
+    if cfg.contexts:
+        out += ["", context_table(cfg, model, device)]
     if cfg.transformers:
         out += ["", against_transformers(cfg, device)]
     return "\n".join(out)
@@ -126,3 +136,45 @@ def decode_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> st
         rows,
     )
     return table + "".join(f"\n\n{note}" for note in compiled_notes)
+
+
+def context_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> str:
+    """Milliseconds per decoded token (eager KV-cache steps) once each of cfg.contexts tokens is cached, and the
+    cache's bytes there: a softmax cache grows with the context, a recurrent state (Gated DeltaNet) does not. The
+    contexts take turns in every repeat (each a fresh prefill, untimed) so that the machine's load falls alike."""
+    mc = model.config
+    too_long = [n for n in cfg.contexts if n + cfg.context_steps > mc.block_size]
+    if too_long:
+        raise ConfigError(f"contexts: {too_long[0]} cached tokens + {cfg.context_steps} steps exceed block_size "
+                          f"{mc.block_size}", hint="raise model.block_size, or lower contexts or context_steps")
+    times: dict[int, list[float]] = {n: [] for n in cfg.contexts}
+    held: dict[int, int] = {}
+    for repeat in range(cfg.repeats + 1):  # the first round warms up, untimed
+        for n in cfg.contexts:
+            seconds, held[n] = _steps_after(model, n, cfg, device)
+            if repeat:
+                times[n].append(seconds / cfg.context_steps)
+    first = statistics.median(times[cfg.contexts[0]])
+    rows = [[n, f"{statistics.median(t) * 1e3:.2f}", f"{statistics.median(t) / first:.2f}x", f"{held[n]:,}"]
+            for n, t in times.items()]
+    return (f"decoding {cfg.context_steps} tokens after a cached context, batch {cfg.batch_size}, eager steps, "
+            f"median of {cfg.repeats}\n\n" + markdown_table(
+                ["context tokens", "ms per token", f"vs {cfg.contexts[0]} tokens", "cache bytes"], rows))
+
+
+@torch.no_grad()
+def _steps_after(model: GPT, n: int, cfg: BenchDecodeConfig, device: torch.device) -> tuple[float, int]:
+    """Seconds of cfg.context_steps greedy decode steps after an n-token prefill, and the cache's bytes then."""
+    B = cfg.batch_size
+    prompt = torch.randint(0, model.config.vocab_size, (B, n), device=device)
+    cache = KVCache(model.config, batch_size=B, device=device)
+    positions = torch.arange(n, device=device).expand(B, n)
+    token = prefill(model, prompt, positions, None, cache).argmax(-1, keepdim=True)
+    positions = positions[:, -1:]
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(cfg.context_steps):
+        positions = positions + 1
+        token = decode_step(model, token, positions, cache).argmax(-1, keepdim=True)
+    sync(device)
+    return time.perf_counter() - start, sum(layer.held_bytes() for layer in cache.layers)

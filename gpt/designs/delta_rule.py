@@ -179,3 +179,20 @@ def reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_
                 outs.append(S.T @ qt)
             finals.append(S)
     return torch.stack(outs).reshape(B, Hv, T, Dv), torch.stack(finals).reshape(B, Hv, Dk, Dv)
+
+
+def weights(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, scale: float | None = None) -> Tensor:
+    """The weight the gated delta rule gives each value, from an empty state: o_i = sum_{j<=i} M_ij v_j, so
+    M = (decayed causal scores) (I + A)^-1 diag(beta) (see _chunk_terms), (B, Hv, T, T), lower triangular; entries
+    may be negative (a later write under a similar key takes back an earlier value). For pictures."""
+    dummy = g.new_zeros(g.shape + (1,))
+    q, k, _, g, beta = _prepared(q, k, dummy, g, beta, scale)
+    T = q.size(-2)
+    G, rest = _log_decay(g)
+    later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    gaps = (G.unsqueeze(-1) - G.unsqueeze(-2)) + (rest.unsqueeze(-1) - rest.unsqueeze(-2))
+    decay = gaps.masked_fill(later, float("-inf")).exp()
+    system = ((beta.unsqueeze(-1) * k) @ k.transpose(-1, -2) * decay).tril(-1)
+    system = system + torch.eye(T, dtype=q.dtype, device=q.device)
+    writes = torch.linalg.solve_triangular(system, torch.diag_embed(beta), upper=False, unitriangular=True)
+    return ((q @ k.transpose(-1, -2) * decay) @ writes).tril()

@@ -116,7 +116,7 @@ class Diff(Design):
             diff = out[0] - lam * out[1]
             y[b, i, h] = diff / torch.sqrt((diff * diff).mean() + 1e-5) * attn.subln.weight.double() * (
                 1 - attn.lambda_init)
-        return reference.project(attn.c_proj, y.flatten(2))
+        return reference.output(attn, config, x, y)
 
 
 register(Diff())

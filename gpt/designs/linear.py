@@ -161,7 +161,7 @@ class Linear(Design):
             w = torch.stack([qi @ phi(reference.transformed(attn, config, k[b, j, kv], j, "k"))
                              for j in range(i + 1)])  # (i + 1,) positive
             y[b, i, h] = (w @ v[b, : i + 1, kv]) / (w.sum() + EPS)
-        return reference.project(attn.c_proj, y.flatten(2))
+        return reference.output(attn, config, x, y)
 
 
 register(Linear())

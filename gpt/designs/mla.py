@@ -159,7 +159,7 @@ class Latent(Design):
             s = torch.stack([q_c[b, i, h] @ k_c[b, j, h] + rotate(q_r[b, i, h], i) @ rotate(k_r[b, j], j)
                              for j in keys]) / math.sqrt(D + R)  # (keys,)
             y[b, i, h] = reference.softmax(attn, config, s, i, keys, h, v[b, keys, h])
-        return reference.project(attn.c_proj, y.flatten(2))
+        return reference.output(attn, config, x, y)
 
 
 register(Latent())

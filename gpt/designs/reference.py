@@ -30,6 +30,15 @@ def project(linear: nn.Linear, x: Tensor) -> Tensor:
     return out if linear.bias is None else out + linear.bias.double()
 
 
+def output(attn: nn.Module, config: Any, x: Tensor, y: Tensor) -> Tensor:
+    """The heads' outputs y (B, T, H, D) through the parts' output changes (a gate, given the layer input x), then
+    c_proj: the end of every layer's reference."""
+    y = y.flatten(2)
+    for part in registry.active(config):
+        y = part.ref_output(attn, y, x)
+    return project(attn.c_proj, y)
+
+
 def heads(attn: nn.Module, x: Tensor, config: Any) -> tuple[Tensor, Tensor, Tensor]:
     """c_attn's q (B, T, H, D), k and v (B, T, Hkv, D)."""
     H, D, C, Hkv = config.n_head, config.head_dim, config.n_embd, config.n_kv_head
@@ -82,4 +91,4 @@ def softmax_layer(attn: nn.Module, x: Tensor, config: Any) -> Tensor:
         qi = transformed(attn, config, q[b, i, h], i, "q")
         s = torch.stack([transformed(attn, config, k[b, j, kv], j, "k") @ qi for j in keys]) / math.sqrt(q.size(-1))
         y[b, i, h] = softmax(attn, config, s, i, keys, h, v[b, keys, kv])
-    return project(attn.c_proj, y.flatten(2))
+    return output(attn, config, x, y)

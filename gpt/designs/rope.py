@@ -9,11 +9,13 @@ rotates its decoupled features with the same functions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from gpt.errors import ConfigError
-from gpt.model.design import Design, modeling_file, register
+from gpt.model.design import Design, layer_option, modeling_file, register
 
 
 def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
@@ -34,19 +36,20 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated.to(x.dtype)
 
 
-def angles_for(ctx, width: int, key: str = "rope") -> tuple[Tensor, Tensor]:
+def angles_for(ctx, width: int, key: str = "rope", base: float = 10000.0) -> tuple[Tensor, Tensor]:
     """The angles of this forward pass's positions for ``width`` features, computed by the first layer that asks
-    and kept in the context for the others: (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
+    and kept in the context for the others (a layout's kinds each have their own context, so their own base):
+    (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
     if key not in ctx.extras:
-        cos, sin = rope_angles(ctx.positions, width)
+        cos, sin = rope_angles(ctx.positions, width, base)
         ctx.extras[key] = (cos, sin) if ctx.positions.dim() == 1 else (cos[:, None], sin[:, None])
     return ctx.extras[key]
 
 
-def rotate(x: Tensor, position: int) -> Tensor:
-    """Float64 reference: RoPE on one vector x (d,), feature i paired with i + d/2, angle position * 10000^(-2i/d)."""
+def rotate(x: Tensor, position: int, base: float = 10000.0) -> Tensor:
+    """Float64 reference: RoPE on one vector x (d,), feature i paired with i + d/2, angle position * base^(-2i/d)."""
     d = x.numel()
-    angle = position * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angle = position * float(base) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
     a, b = x[: d // 2], x[d // 2:]
     return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()])
 
@@ -58,6 +61,7 @@ class Rope(Design):
     paper = "Su et al. 2021, RoFormer"
     switch, on = "pos_embedding", "rope"
     positional = True
+    layer_options = {"base": 10000.0}  # a layer kind's own base (Gemma 3: 10k on local layers, 1M on global ones)
     cases = {"alone": {"pos_embedding": "rope"}, "gqa+window": {"pos_embedding": "rope", "n_kv_head": 2, "window": 5},
              "mqa+qk_norm": {"pos_embedding": "rope", "n_kv_head": 1, "qk_norm": True}}
 
@@ -69,15 +73,23 @@ class Rope(Design):
         if self.enabled(config) and config.head_dim % 2 != 0:
             raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {config.head_dim}")
 
+    def check_layer_options(self, values, where) -> None:
+        base = values["base"]
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
+            raise ConfigError(f"{where}.base must be a number above 1, got {base!r}", hint=f"e.g. {where}.base=1000000")
+
+    def build(self, layer, config) -> None:
+        layer.rope_base = float(layer_option(config, self.name, "base"))
+
     def qk(self, layer, q, k, ctx):
-        cos, sin = angles_for(ctx, layer.qk_dim)
+        cos, sin = angles_for(ctx, layer.qk_dim, base=layer.rope_base)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def activations(self, config, batch, seq, act, fused) -> int:
         return batch * seq * act * (config.n_embd + config.n_kv_head * config.head_dim)  # the rotated q and k
 
     def ref_qk(self, layer, x, position, kind):
-        return rotate(x, position)
+        return rotate(x, position, getattr(layer, "rope_base", 10000.0))
 
 
 register(Rope())

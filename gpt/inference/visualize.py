@@ -57,7 +57,7 @@ def attention_maps(model: GPT, idx: Tensor) -> Tensor:
 
 def design_views(config) -> list[str]:
     """What the maps show where a design of ``config`` changes it (its Design.view), one "name: view" each."""
-    return [f"{d.name}: {d.view}" for d in designs.active(config) if d.view != designs.Design.view]
+    return [f"{d.name}: {d.view}" for d in designs.active_anywhere(config) if d.view != designs.Design.view]
 
 
 def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:

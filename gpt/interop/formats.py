@@ -13,6 +13,7 @@ from gpt.errors import UserError
 from gpt.interop import hf
 from gpt.interop import targets as hf_targets
 from gpt.model.config import GPTConfig
+from gpt.model.design import spell
 from gpt.model.state import check_model_state, model_config_from
 from gpt.validate import Record
 
@@ -32,6 +33,10 @@ def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any
     """
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if config.layers is not None and format != "native":  # every other writer reads one design set for all layers
+        raise UserError(f"model.layers={spell(config.layers)} is a layout (a kind per layer), which format={format} "
+                        "cannot hold yet: its writers describe one attention design for every layer",
+                        hint="export it with format=native (this project's own layout, read back losslessly)")
     out = Path(out_dir).expanduser()
     if format == "gguf":  # one file, model-<gguf_type>.gguf, beside whatever else the folder holds
         from gpt.interop import gguf as gguf_export

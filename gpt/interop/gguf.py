@@ -41,6 +41,9 @@ def gguf_module():
 
 def architecture(config: GPTConfig) -> str:
     """gpt2 or starcoder2: the llama.cpp architecture computing this model exactly; a one-line refusal otherwise."""
+    if config.norm != "layernorm":
+        raise UserError(f"format=gguf cannot hold model.norm={config.norm}: llama.cpp's gpt2 and starcoder2 "
+                        "normalise with LayerNorm", hint=HINT)
     target = hf_targets.choose(config)
     if target == "remote":
         names = [d.setting(config) for d in designs.active(config)]

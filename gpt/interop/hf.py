@@ -63,8 +63,8 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
 
 def check_representable(config: GPTConfig) -> None:
     """Refuse, naming the setting, a model GPT-2's architecture cannot hold (format=native can): fewer key/value
-    heads, a window, another MLP activation, an untied head, or an attention design whose Design.exports leaves out
-    "hf"."""
+    heads, a window, another MLP activation, RMSNorm, an untied head, or an attention design whose Design.exports
+    leaves out "hf"."""
     core = {
         f"model.n_kv_head={config.n_kv_head}": (config.n_kv_head != config.n_head,
                                                 "grouped-query attention (GPT-2 has one key/value head per head)"),
@@ -72,6 +72,8 @@ def check_representable(config: GPTConfig) -> None:
                                           "a sliding attention window (GPT-2 attends to every earlier token)"),
         f"model.activation={config.activation}": (config.activation != "gelu_tanh", f"a {config.activation} MLP "
                                                   "(the exported GPT-2 config has the tanh GELU, gelu_new)"),
+        f"model.norm={config.norm}": (config.norm != "layernorm",
+                                      "RMSNorm in the blocks (GPT-2 normalises with LayerNorm)"),
         "model.tie_head=false": (not config.tie_head,
                                  "an output head of its own (GPT-2's is the token embedding)"),
     }

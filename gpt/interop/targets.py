@@ -33,6 +33,8 @@ WHAT = {"gpt2": "transformers GPT2LMHeadModel (standard architecture)",
 
 def starcoder2_mismatch(config: GPTConfig) -> str | None:
     """Why Starcoder2 does not compute this model exactly (None: it does): RoPE must be the only design."""
+    if config.norm != "layernorm":
+        return f"Starcoder2 normalises with LayerNorm, this model with model.norm={config.norm}"
     names = [d.name for d in designs.active(config)]
     if names != ["rope"]:
         return f"Starcoder2 is RoPE alone, this model has designs {names or 'none'}"

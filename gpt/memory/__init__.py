@@ -87,6 +87,10 @@ def _count_params(fields: str) -> tuple[int, int]:
 
     config = GPTConfig(**json.loads(fields))
     with torch.device("meta"), _WithoutRandomInit():
+        if config.layers is not None:  # a layout's kinds differ: the whole model, its blocks' mean
+            model = GPT(config)
+            blocks = sum(p.numel() for p in model.transformer.h.parameters())
+            return sum(p.numel() for p in model.parameters()), math.ceil(blocks / config.n_layer)
         model = GPT(replace(config, n_layer=1))
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     return sum(p.numel() for p in model.parameters()) + (config.n_layer - 1) * block, block
@@ -106,6 +110,8 @@ def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
         saved += n * act * 2 * (c - kv)  # k and v repeated up to n_head heads
     if not fused:
         saved += 2 * batch * h * seq * seq * act  # scores and probabilities
+    if config.norm == "rmsnorm":
+        saved += n * 2 * 4 * c  # nn.RMSNorm (not fused on a CPU) keeps one more fp32 C-wide tensor per norm (measured)
     if config.dropout > 0:
         saved += 2 * n * c  # the residual dropouts' masks (one byte per element)
         if not fused:
@@ -115,7 +121,19 @@ def block_activations(config: GPTConfig, batch: int, seq: int, act: int) -> int:
 
 def kv_bytes_per_token(config: GPTConfig, number_bytes: int = 2) -> float:
     """Bytes the KV cache keeps per cached token, every layer: keys and values, or a design's own kind."""
+    if config.layers is not None:  # the kinds keep different numbers of tokens: per token of a full context
+        return kv_bytes_at_context(config, number_bytes)
     return config.n_layer * (designs.cache_kind(config) or LayerKV).bytes_per_token(config, number_bytes)
+
+
+def kv_bytes_at_context(config: GPTConfig, number_bytes: int = 2) -> float:
+    """Bytes the KV cache holds per token of a full context (block_size tokens), every layer: a layer of a global
+    kind keeps every token, a window's ring only its last ``window`` (plus sink tokens), a running state its fixed
+    bytes. A meta-device cache says what each layer keeps; tests/memory measures a filled one against this."""
+    from gpt.model.kv_cache import KVCache
+
+    layers = zip(KVCache(config, 1, "meta").layers, map(config.layer, range(config.n_layer)))
+    return sum(kept.bytes_per_token(kind, number_bytes) * kept.tokens for kept, kind in layers) / config.block_size
 
 
 def activations(config: GPTConfig, batch: int, seq: int, act: int, checkpointing: bool) -> int:
@@ -123,10 +141,12 @@ def activations(config: GPTConfig, batch: int, seq: int, act: int, checkpointing
     and one block at a time is recomputed in the backward."""
     n, c, v = batch * seq, config.n_embd, config.vocab_size
     head = n * (4 * c + act * c + 4 * 2) + n * v * (act + 4)  # ln_f in/out (+stats), logits, fp32 log-softmax
-    block = block_activations(config, batch, seq, act)
+    if config.norm == "rmsnorm":
+        head += n * 4 * c  # as a block's norms (block_activations)
+    kinds = {name: block_activations(kind, batch, seq, act) for name, kind in config.kinds().items()}
     if checkpointing:
-        return head + config.n_layer * n * 4 * c + block
-    return head + config.n_layer * block
+        return head + config.n_layer * n * 4 * c + max(kinds.values())
+    return head + sum(kinds[config.kind_of(i)] for i in range(config.n_layer))
 
 
 def plan(config: GPTConfig, batch_size: int, seq_len: int | None = None, precision: str = "bf16",
@@ -229,6 +249,11 @@ def kv_cache_line(config: GPTConfig, number_bytes: int) -> str:
     """What sampling from the model keeps in its KV cache, per token and for a full context of one sequence."""
     from gpt.model.kv_cache import KVCache
 
+    if config.layers is not None:
+        per_token = kv_bytes_at_context(config, number_bytes)
+        return (f"KV cache when sampling: {per_token:,.0f} bytes per token of a {config.block_size}-token context "
+                f"(layers {designs.spell(config.layers)}), {per_token * config.block_size / 2**20:,.2f} MiB per "
+                "sequence")
     tokens = KVCache(config, 1, "meta").layers[0].tokens  # the slots it keeps (a window's ring, sink tokens)
     per_token = kv_bytes_per_token(config, number_bytes)
     return (f"KV cache when sampling: {per_token:,.0f} bytes per token, {per_token * tokens / 2**20:,.2f} MiB per "

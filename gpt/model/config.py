@@ -13,8 +13,10 @@ from typing import Any, ClassVar, Optional
 from gpt import kernels
 from gpt.errors import ConfigError
 from gpt.model import design as designs
+from gpt.model import layout
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
+NORMS = ("layernorm", "rmsnorm")  # model.norm: GPT-2's LayerNorm (weight and bias), RMSNorm (a weight only)
 MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "???" as missing)
 
 
@@ -34,6 +36,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh (GPT-2's) | gelu (exact) | relu2 (ReLU squared)
+    norm: str = "layernorm"  # the blocks' and the final norm: layernorm (GPT-2's) | rmsnorm (Llama's, Qwen's)
     tie_head: bool = True  # the output head is the token embedding (GPT-2); false: a head of its own
     zero_init_proj: bool = False  # the blocks' output projections (c_proj) start at zero, not GPT-2's scaled normal
     attention: str = "sdpa"
@@ -51,6 +54,11 @@ class GPTConfig:
     mla_rope_dim: Optional[int] = None  # MLA's decoupled rotary features per query and key; None = head_dim/2 (even)
     designs: list[str] = field(default_factory=list)  # designs brought by the user, by name (docs/designs.md)
     design_options: dict[str, Any] = field(default_factory=dict)  # their settings (defaults filled in)
+    layers: Any = None  # a layout: kind letters tiled over n_layer ("SSSSSL") or one kind per layer; None: uniform
+    layer_kinds: Any = None  # the layout's kinds by name: {window, designs, options} each (gpt/model/layout.py)
+
+    kind: ClassVar[Optional[str]] = None  # a kind's config (kind_config): the kind's name; the model's: None
+    kind_options: ClassVar[dict[str, dict[str, Any]]] = {}  # a kind's per-layer design settings (Design.layer_options)
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
     # fine-tuned run, or a sampling session, may set them anew (designs declare theirs: Design.runtime).
@@ -84,11 +92,37 @@ class GPTConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
         self._check_core_options()
         self._check_kernel()
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """model.layers and model.layer_kinds: every kind's config is built (and so checked) now, before any layer."""
+        if self.layers is None:
+            if self.layer_kinds:
+                raise ConfigError("model.layer_kinds is set but model.layers is not",
+                                  hint=f"name each layer's kind: {layout.EXAMPLE}")
+            self._layer_kinds, self._kind_configs = None, {None: self}
+            return
+        self._layer_kinds = layout.layer_kinds(self)
+        self._kind_configs = {name: layout.kind_config(self, name) for name in dict.fromkeys(self._layer_kinds)}
+
+    def kinds(self) -> dict[Optional[str], GPTConfig]:
+        """Each kind of layer, by name, as the config its layers are built from (uniform: {None: self})."""
+        return self._kind_configs
+
+    def kind_of(self, layer: int) -> Optional[str]:
+        """The kind of layer ``layer`` (0-based): a key of ``kinds()``."""
+        return None if self._layer_kinds is None else self._layer_kinds[layer]
+
+    def layer(self, layer: int) -> GPTConfig:
+        """The config layer ``layer`` is built from: its kind's (uniform: this one)."""
+        return self._kind_configs[self.kind_of(layer)]
 
     def _check_core_options(self) -> None:
-        """The MLP's activation and the head's and projections' switches."""
+        """The MLP's activation, the norm, and the head's and projections' switches."""
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.norm not in NORMS:
+            raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         for name in ("tie_head", "zero_init_proj"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")

@@ -26,7 +26,8 @@ from gpt.errors import ConfigError
 
 GPTConfig = Any  # gpt.model.config.GPTConfig, which reads this registry (so this module cannot import it)
 
-BUILTIN = ("qk_norm", "rope", "softcap", "alibi", "sink", "diff", "linear", "mla", "stream")  # hook order
+BUILTIN = ("qk_norm", "rope", "softcap", "alibi", "sink", "diff", "linear", "mla", "stream", "gated",
+           "deltanet")  # hook order
 EXPORT_FORMATS = ("hf", "native")  # hf: transformers' GPT-2 layout; native: this project's own (any design)
 
 
@@ -44,6 +45,8 @@ class Design:
     on: Any = None  # the switch's value meaning "on"; None: any value but the field's default
     fields: tuple[str, ...] = ()  # further model config fields it owns (its check() validates them)
     options: dict[str, Any] = {}  # a brought design's own settings and defaults, kept in model.design_options
+    layer_options: dict[str, Any] = {}  # settings a layer kind may give it, with defaults (model.layer_kinds.<kind>.
+    # options.<design>.<key>: e.g. RoPE's base); read with layer_option(config, name, key)
     runtime: bool = False  # its settings change no weight: a resumed run or a sampling session may change them
     positional: bool = False  # it encodes positions itself, so the model has no learned position table (wpe)
     layer: type | None = None  # an attention layer replacing the core's (a gpt.model.CausalSelfAttention subclass)
@@ -91,6 +94,10 @@ class Design:
     def check(self, config: GPTConfig) -> None:
         """Validate (and resolve defaults of) its own fields; raise ConfigError naming the field."""
 
+    def check_layer_options(self, values: dict[str, Any], where: str) -> None:
+        """Validate a layer kind's settings of this design (layer_options' keys, defaults filled in); ``where``
+        names them (model.layer_kinds.S.options.rope)."""
+
     def build(self, layer: Any, config: GPTConfig) -> None:
         """Add its parameters or modules to an attention layer (called in the layer's __init__)."""
 
@@ -104,6 +111,11 @@ class Design:
     def scores(self, layer: Any, ctx: Any) -> dict[str, Any]:
         """Kernel keywords modifying the scores (its kernel_options: softcap, bias, sink)."""
         return {}
+
+    def output(self, layer: Any, y: Tensor, x: Tensor, ctx: Any) -> Tensor:
+        """Change the heads' outputs y (B, T, C), side by side, before the output projection c_proj, given the
+        layer's input x (B, T, C): an output gate."""
+        return y
 
     def flops(self, config: GPTConfig, seq: int, flops: int) -> int | None:
         """Training FLOPs per token (forward and backward) of one attention layer with this design on, given
@@ -129,6 +141,10 @@ class Design:
         """What this design adds to each softmax denominator (a sink's exp(logit))."""
         return 0.0
 
+    def ref_output(self, layer: Any, y: Tensor, x: Tensor) -> Tensor:
+        """The heads' outputs y (B, T, C) before c_proj, as this design changes them given the layer input x."""
+        return y
+
     def ref_keys(self, config: GPTConfig, i: int, keys: list[int]) -> list[int]:
         """The keys query i may see, given those of the causal window."""
         return keys
@@ -142,6 +158,11 @@ def modeling_file(name: str) -> str:
     """The path of a built-in design's remote-code part, gpt/interop/modeling/<name>.py: a file an export copies
     (gpt.interop.targets), never imported."""
     return str(Path(__file__).resolve().parent.parent / "interop" / "modeling" / f"{name}.py")
+
+
+def layer_option(config: GPTConfig, name: str, key: str) -> Any:
+    """Design ``name``'s per-layer setting ``key`` in this (kind's) config: the kind's value or the design's default."""
+    return config.kind_options.get(name, {}).get(key, get(name).layer_options[key])
 
 
 def field_default(config: GPTConfig, name: str) -> Any:
@@ -216,6 +237,12 @@ def available() -> list[str]:
 def active(config: GPTConfig) -> list[Design]:
     """The designs this config turns on, in hook order."""
     return [d for d in _designs().values() if d.enabled(config)]
+
+
+def active_anywhere(config: GPTConfig) -> list[Design]:
+    """The designs some layer turns on (a layout's kinds together; a uniform model's: active), in hook order."""
+    kinds = list(config.kinds().values())
+    return [d for d in _designs().values() if any(d.enabled(kind) for kind in kinds)]
 
 
 def layer_class(config: GPTConfig) -> type | None:

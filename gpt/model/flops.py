@@ -54,4 +54,5 @@ def per_token(config: Any, seq: int | None = None) -> int:
     seq = config.block_size if seq is None else seq
     mlp = TRAIN * (matmul(config.n_embd, 4 * config.n_embd) + matmul(4 * config.n_embd, config.n_embd))
     head = TRAIN * matmul(config.n_embd, config.vocab_size)
-    return config.n_layer * (attention_layer(config, seq) + mlp) + head
+    kinds = {name: attention_layer(kind, seq) for name, kind in config.kinds().items()}  # a layout's kinds differ
+    return sum(kinds[config.kind_of(i)] + mlp for i in range(config.n_layer)) + head

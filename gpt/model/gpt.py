@@ -1,9 +1,11 @@
-"""The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks, tied output head.
+"""The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks (RMSNorm: model.norm), tied head.
 
 Parameter names follow OpenAI's GPT-2 (transformer.wte, transformer.h.{i}.attn.c_attn, ...), so weights map one to
 one. The attention formula lives in gpt.kernels (the kernels); the designs of gpt.designs act through the seams
 left here: a layer's parts, a layer class of their own, the Context's per-forward values, a cache kind. Beyond GPT-2
-only what every design shares: fewer key/value heads, a sliding window, a KV cache. No training, no sampling.
+only what every design shares: fewer key/value heads, a sliding window, a KV cache, and a layout (model.layers):
+each layer built from its kind's config (``config.layer(i)``), each kind with its own Context. No training, no
+sampling.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from gpt import kernels
 from gpt.model import design as designs
 from gpt.model.activations import ACTIVATIONS
 from gpt.model.config import GPTConfig
-from gpt.model.kv_cache import KVCache, Step
+from gpt.model.kv_cache import KVCache, Slots, Step
 
 
 @dataclass
 class Context:
-    """What every layer of one forward pass shares, built once by GPT.forward; designs add theirs to ``extras``."""
+    """What every layer of a kind shares in one forward pass, built once by GPT.forward (one per kind of a layout);
+    the kind's designs add theirs to ``extras``."""
 
     positions: Tensor  # (T,) or (B, T): each token's position (a left-padded row's start at 0)
     index: Tensor  # (T,) each token's index in the padded sequence (cache slots, distances)
@@ -34,7 +37,7 @@ class Context:
     token_mask: Tensor | None  # (B, T) which of these tokens are real; None: all
     window: int | None  # the sliding window the kernel applies
     start: int | None  # index of the first token; None in a compiled one-token step (index, a tensor, holds it)
-    cache: KVCache | None = None
+    cache: Slots | None = None  # the kind's slots (its layers: cache.layers[i])
     extras: dict[str, Any] = field(default_factory=dict)  # per-forward values of designs: RoPE angles, a bias
 
     def layer_cache(self, layer: int) -> Any:
@@ -81,6 +84,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
         y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        for part in self.parts:  # an output gate
+            y = part.output(self, y, x, ctx)
         return self.resid_dropout(self.c_proj(y))
 
     def qkv(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
@@ -117,6 +122,17 @@ class CausalSelfAttention(nn.Module):
         return kwargs
 
 
+RMS_NORM_EPS = 1e-6  # model.norm=rmsnorm's epsilon (Llama's and Qwen's rms_norm_eps)
+
+
+def norm_layer(config: GPTConfig) -> nn.Module:
+    """A block's or the final norm over n_embd features: GPT-2's LayerNorm (a bias too unless bias=false), or RMSNorm
+    (x / rms(x) times a weight; no mean subtracted, no bias). Either is named ln_1, ln_2, ln_f."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=RMS_NORM_EPS)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
 class MLP(nn.Module):
     """Position-wise feed-forward: expand 4x, the activation (GPT-2's tanh GELU by default), project back."""
 
@@ -136,9 +152,10 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.kind = config.kind  # whose Context it reads (None: a uniform model's one)
+        self.ln_1 = norm_layer(config)
         self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
@@ -153,15 +170,16 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
-        if not designs.positional(config):  # a positional design (e.g. RoPE) brings positions in elsewhere
+        kinds = config.kinds()  # each kind of layer's config: {None: config} unless model.layers sets a layout
+        if not any(map(designs.positional, kinds.values())):  # no layer has positions of its own (e.g. RoPE)
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.transformer.drop = nn.Dropout(config.dropout)
-        self.transformer.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
-        self.transformer.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.transformer.h = nn.ModuleList([Block(config.layer(i), i) for i in range(config.n_layer)])
+        self.transformer.ln_f = norm_layer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_head:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
-        self.designs = designs.active(config)  # whose per-forward values go into the Context
+        self.designs = {name: designs.active(kind) for name, kind in kinds.items()}  # per-forward values, per kind
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: / sqrt(2 * n_layer); zero_init_proj: std 0 (same draws)
@@ -190,30 +208,34 @@ class GPT(nn.Module):
         For generation: positions (T,) or (B, T) (default: the next T after what the cache holds),
         key_mask (B, T) marking real tokens of left-padded rows, and a KVCache to fill and reuse.
         """
-        ctx = self.context(idx, positions, key_mask, cache)
+        contexts = self.contexts(idx, positions, key_mask, cache)
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(ctx.positions)
+            x = x + self.transformer.wpe(next(iter(contexts.values())).positions)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, ctx)
+            x = block(x, contexts[block.kind])
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
-    def context(self, idx: Tensor, positions: Tensor | None, key_mask: Tensor | None,
-                cache: KVCache | None) -> Context:
-        """The Context of this pass: the cache's bookkeeping once for all layers, then the designs' values."""
+    def contexts(self, idx: Tensor, positions: Tensor | None, key_mask: Tensor | None,
+                 cache: KVCache | None) -> dict[str | None, Context]:
+        """Each kind's Context of this pass: the cache's bookkeeping once for its layers, then its designs' values."""
         T = idx.size(1)
         if cache is not None:
-            step = cache.step(T, key_mask)
+            steps = cache.step(T, key_mask)
         elif positions is None and T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         else:
-            step = Step(0, torch.arange(T, device=idx.device), key_mask, key_mask, self.config.window)
-        ctx = Context(step.index if positions is None else positions, step.index, step.key_mask, step.token_mask,
-                      step.window, step.start, cache)
-        for design in self.designs:
-            design.context(ctx, self.config)
-        return ctx
+            index, kinds = torch.arange(T, device=idx.device), self.config.kinds()
+            steps = {name: Step(0, index, key_mask, key_mask, kind.window) for name, kind in kinds.items()}
+        contexts = {}
+        for name, step in steps.items():
+            ctx = Context(step.index if positions is None else positions, step.index, step.key_mask, step.token_mask,
+                          step.window, step.start, None if cache is None else cache.slots[name])
+            for design in self.designs[name]:
+                design.context(ctx, self.config.kinds()[name])
+            contexts[name] = ctx
+        return contexts

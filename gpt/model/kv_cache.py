@@ -7,9 +7,10 @@ buffer (slot = index % window): a one-token step may attend to all of them, so t
 Under torch.compile a one-token step reads fixed shapes (gpt-fast's way): it attends to every slot, with a mask of
 the filled ones, and the token count is a tensor (``pos``), so a compiled ``decode_step`` runs every step with one
 compilation; eager steps read only the filled slots (no mask at all when nothing is padded).
-Each layer's LayerKV holds its own two buffers and nothing else; the KVCache keeps what the layers share (how
-many tokens were seen, which slots hold real ones). A design may keep something else per layer (its ``cache``
-kind: latents, a running state, sink tokens' keys), with LayerKV's interface.
+Each layer's LayerKV holds its own two buffers and nothing else; each kind of layer's Slots keeps what its layers
+share (how many tokens were seen, which slots hold real ones): one for a uniform model, one per kind of a layout
+(model.layers), whose windows differ. A design may keep something else per layer (its ``cache`` kind: latents, a
+running state, sink tokens' keys), with LayerKV's interface.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def keep(store: Tensor | None, new: Tensor, ctx: Context, dim: int, size: int) -
 class LayerKV:
     """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype."""
 
-    def __init__(self, config: GPTConfig, cache: KVCache) -> None:
+    def __init__(self, config: GPTConfig, cache: Slots) -> None:
         self.size = self.tokens = cache.size  # slots; tokens its bytes stand for (the arena's bytes per token)
         self.k: Tensor | None = None
         self.v: Tensor | None = None
@@ -92,9 +93,41 @@ class LayerKV:
 
 
 class KVCache:
-    """Keys and values of every layer for a batch of sequences of up to block_size tokens, and which are real."""
+    """Every layer's cache for a batch of sequences of up to block_size tokens: each layer keeps what its kind needs
+    (keys and values, a window's ring, a design's kind), and each kind of layer its own Slots (the ring's size and
+    which slots hold real tokens). A uniform model has one kind; a layout (model.layers) one per kind."""
 
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
+        self.layers: list[Any] = []
+        self.slots = {name: Slots(kind, batch_size, device, self.layers) for name, kind in config.kinds().items()}
+        for i in range(config.n_layer):
+            kind = config.layer(i)
+            self.layers.append((designs.cache_kind(kind) or LayerKV)(kind, self.slots[config.kind_of(i)]))
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far (a Python number: reading it waits for the device, which sampling does anyway)."""
+        return next(iter(self.slots.values())).length
+
+    @property
+    def tokens(self) -> int:
+        """The longest context any layer's bytes stand for (block_size unless every layer keeps a window's ring)."""
+        return max(layer.tokens for layer in self.layers)
+
+    def held_bytes(self) -> int:
+        """Bytes every layer holds now."""
+        return sum(layer.held_bytes() for layer in self.layers)
+
+    def step(self, n: int, key_mask: Tensor | None) -> dict[str | None, Step]:
+        """Take the next n tokens in every kind's slots (Slots.step): each kind's Step, by kind."""
+        return {name: slots.step(n, key_mask) for name, slots in self.slots.items()}
+
+
+class Slots:
+    """The slots one kind of layer keeps (a window's ring, or block_size in order) and which hold real tokens, for
+    a batch; ``layers`` is the whole cache's list (a layer reaches its own as ``ctx.cache.layers[i]``)."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str, layers: list[Any]) -> None:
         self.max_length = config.block_size
         ring = config.window is not None and config.window < config.block_size
         self.window = config.window if ring else None  # a ring of `window` slots; None: block_size slots in order
@@ -104,8 +137,7 @@ class KVCache:
         # tokens seen so far (indices in the padded batch), a tensor so a compiled decode_step advances it in place
         self.pos = torch.zeros((), dtype=torch.long, device=device)
         self.key_mask = torch.zeros(batch_size, self.size, dtype=torch.bool, device=device)  # slot holds a real token
-        kind = designs.cache_kind(config) or LayerKV
-        self.layers = [kind(config, self) for _ in range(config.n_layer)]
+        self.layers = layers
 
     @property
     def length(self) -> int:

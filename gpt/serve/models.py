@@ -59,7 +59,7 @@ class Served:
         return {"id": self.name, "n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd,
                 "block_size": config.block_size, "vocab_size": self.tokenizer.vocab_size,
                 "parameters": self.model.num_params(), "options": options,
-                "designs": [d.name for d in designs.active(config)], "chat": self.chat is not None}
+                "designs": [d.name for d in designs.active_anywhere(config)], "chat": self.chat is not None}
 
 
 def model_name(ckpt: str) -> str:

@@ -189,3 +189,25 @@ def test_bench_decode_against_transformers_runs_both_on_the_same_weights(monkeyp
     assert all(row[3] == "yes |" for row in rows.values())  # greedy tokens equal transformers'
     monkeypatch.setattr(decode_hf, "hf_twin", lambda model: None)
     assert "skipped (transformers is not installed" in decode_hf.against_transformers(cfg, torch.device("cpu"), tiny)
+
+TINY_DELTANET = dict(n_layer=2, n_head=2, n_embd=32, block_size=48, vocab_size=256, designs=["deltanet"])  # model=tiny
+
+
+def test_bench_decode_times_steps_after_each_context_and_a_recurrent_state_keeps_its_bytes():
+    from gpt.bench.decode import run
+
+    def table(*overrides):
+        out = run(decode_config("new_tokens=2", "prompt_lens=[1]", "repeats=1", "contexts=[4,40]", "context_steps=3",
+                                "model.block_size=48", *overrides))
+        rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| 4 |", "| 40 |"))]
+        assert len(rows) == 2 and rows[0][2] == "1.00x" and float(rows[1][1]) > 0, out
+        return [int(row[3].strip(" |").replace(",", "")) for row in rows]  # the cache's bytes at each context
+
+    from gpt import GPTConfig, memory
+    from gpt.errors import ConfigError
+
+    state = memory.kv_bytes_per_token(GPTConfig(**TINY_DELTANET), 4) * 48  # its fixed state, all layers
+    assert table("model.designs=[deltanet]") == [state, state]  # Gated DeltaNet: whatever the context
+    table()  # softmax attention: the same table
+    with pytest.raises(ConfigError, match="contexts: 40 cached tokens . 9 steps exceed block_size 48"):
+        run(decode_config("contexts=[40]", "context_steps=9", "model.block_size=48"))

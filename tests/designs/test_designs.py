@@ -83,7 +83,7 @@ def test_each_kernel_matches_the_float64_reference(design, settings, kernel):
     assert kernel is not None, f"no attention kernel can compute {design} with {settings}"
     model = model_for(settings, kernel).double()
     x = torch.randn(2, 7, TINY["n_embd"], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    ctx = model.context(torch.zeros(2, 7, dtype=torch.long), None, None, None)
+    ctx = model.contexts(torch.zeros(2, 7, dtype=torch.long), None, None, None)[None]
     for layer in (0, TINY["n_layer"] - 1):
         attn = model.transformer.h[layer].attn
         with torch.no_grad():

@@ -34,7 +34,17 @@ CASES = {
     "alibi+qk_norm+softcap+sink": ({"pos_embedding": "alibi", "qk_norm": True, "attn_softcap": 3.0, "attn_sink": True,
                                     "n_kv_head": 2, "attention": "manual"}, "remote"),
     "diff+rope+qk_norm+mqa": ({"diff_attn": True, "pos_embedding": "rope", "qk_norm": True, "n_kv_head": 1}, "remote"),
+    "rmsnorm+rope+gqa (Starcoder2 has LayerNorm)": ({"norm": "rmsnorm", "pos_embedding": "rope", "n_kv_head": 2},
+                                                    "remote"),
+    "gated+rope+qk_norm+rmsnorm (Qwen3-Next's attention)": ({"designs": ["gated"], "pos_embedding": "rope",
+                                                              "qk_norm": True, "norm": "rmsnorm", "bias": False,
+                                                              "n_kv_head": 2}, "remote"),
 }
+
+# Gated DeltaNet's export runs the recurrence token by token, the project the chunked form: on these weights (every
+# parameter moved by 0.3, logits up to 6) either fp32 forward is 2.7e-5 from the float64 one, so two fp32 orders of
+# summation cannot be held to 1e-5 (measured: 1.1e-5 apart); the greedy tokens below must still be equal.
+TOLERANCE = {"deltanet": 3e-5}
 
 
 def randomised(settings: dict, seed: int = 0) -> GPT:
@@ -78,7 +88,7 @@ def test_every_design_opens_in_transformers_with_the_same_logits(case, tmp_path)
     assert type(theirs).__name__ == {"gpt2": "GPT2LMHeadModel", "starcoder2": "Starcoder2ForCausalLM",
                                      "remote": "GPTAttentionForCausalLM"}[target]
     idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]), generator=torch.Generator().manual_seed(1))
-    assert largest_difference(model, theirs, idx) <= 1e-5
+    assert largest_difference(model, theirs, idx) <= TOLERANCE.get(case, 1e-5)
     prompt = idx[:1, :4]
     with torch.no_grad():
         generated = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,

@@ -103,6 +103,7 @@ def test_a_trained_bpe_travels_inside_the_gguf(tmp_path):
     ({"pos_embedding": "alibi"}, "llama.cpp has no architecture with design model.pos_embedding=alibi"),
     ({"activation": "relu2", "tie_head": False, "pos_embedding": "rope"}, "cannot hold model.activation=relu2"),
     ({"qk_norm": True}, "llama.cpp has no architecture with design model.qk_norm=true"),
+    ({"norm": "rmsnorm", "pos_embedding": "rope"}, "cannot hold model.norm=rmsnorm: llama.cpp's gpt2 and starcoder2"),
 ])
 def test_what_llama_cpp_cannot_run_is_refused_in_one_line(settings, says, tmp_path):
     model = randomised(settings)

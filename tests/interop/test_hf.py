@@ -268,7 +268,8 @@ def test_export_then_import_is_lossless(tmp_path, fmt, bias):
 
 @pytest.mark.parametrize("option, value", [("pos_embedding", "rope"), ("n_kv_head", 1), ("window", 4),
                                            ("diff_attn", True), ("linear_attn", "elu1"), ("mla_latent", 8),
-                                           ("activation", "relu2"), ("activation", "gelu"), ("tie_head", False)])
+                                           ("activation", "relu2"), ("activation", "gelu"), ("tie_head", False),
+                                           ("norm", "rmsnorm")])
 def test_what_gpt2_cannot_hold_exports_to_another_target_and_natively(tmp_path, option, value):
     """GPT-2's layout refuses it by name; format=hf picks Starcoder2 or remote code (test_export_designs.py)."""
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size, **{option: value})

@@ -35,6 +35,12 @@ CASES = {  # sizes, batch, precision, activation checkpointing
     "MLA on SDPA's math backend": ({**SMALL, "block_size": 128, "mla_latent": 32}, 8, "fp32", False),
     "MLA, bf16 (float32 q, k, v, maps)": ({**SMALL, "block_size": 128, "mla_latent": 16, "mla_rope_dim": 16}, 8,
                                           "bf16", False),
+    "RMSNorm blocks": ({**SMALL, "norm": "rmsnorm"}, 8, "fp32", False),
+    "RMSNorm blocks, bf16": ({**SMALL, "norm": "rmsnorm"}, 8, "bf16", False),
+    "gated attention, bf16": ({**SMALL, "designs": ["gated"]}, 8, "bf16", False),
+    "Gated DeltaNet, grouped keys": ({**SMALL, "block_size": 128, "designs": ["deltanet"], "n_kv_head": 2}, 8,
+                                     "fp32", False),
+    "Gated DeltaNet, bf16 (a float32 delta rule)": ({**SMALL, "designs": ["deltanet"]}, 8, "bf16", False),
 }
 
 

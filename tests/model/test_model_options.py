@@ -1,5 +1,6 @@
 """The model options that come with recipe=modern, each a plain model option: model.activation, model.tie_head,
-model.zero_init_proj; GPT-2's values stay the defaults, and a checkpoint keeps what it was trained with."""
+model.zero_init_proj; and model.norm (RMSNorm, as the hybrid architectures use). GPT-2's values stay the defaults,
+and a checkpoint keeps what it was trained with."""
 
 from __future__ import annotations
 
@@ -72,8 +73,42 @@ def test_a_checkpoint_with_an_untied_relu2_model_reads_back_as_trained(tmp_path)
     ("activation", "swiglu", "model.activation must be one of gelu_tanh, gelu, relu2, got 'swiglu'"),
     ("tie_head", "yes", "model.tie_head must be true or false, got 'yes'"),
     ("zero_init_proj", 1, "model.zero_init_proj must be true or false, got 1"),
+    ("norm", "batchnorm", "model.norm must be one of layernorm, rmsnorm, got 'batchnorm'"),
 ])
 def test_bad_model_options_are_refused_with_the_valid_values(option, value, message):
     with pytest.raises(ConfigError) as err:
         GPTConfig(**SIZES, **{option: value})
     assert str(err.value) == message
+
+
+def test_rmsnorm_blocks_normalise_by_the_root_mean_square_with_a_weight_only_under_the_same_names():
+    gpt2, rms = model(), model(norm="rmsnorm")
+    names = set(rms.state_dict())
+    assert names == set(gpt2.state_dict()) - {n for n in gpt2.state_dict() if ".ln_" in n and n.endswith(".bias")}
+    assert {"transformer.h.0.ln_1.weight", "transformer.ln_f.weight"} <= names  # the LayerNorms' names, no bias
+    assert GPTConfig().norm == "layernorm" and "transformer.h.0.ln_1.bias" in gpt2.state_dict()  # GPT-2's default
+    block = rms.transformer.h[0].double()
+    with torch.no_grad():
+        block.ln_1.weight.copy_(torch.randn(16))
+    x = torch.randn(3, 5, 16, dtype=torch.float64) * 4 + 2  # a mean away from zero: LayerNorm would subtract it
+    expected = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * block.ln_1.weight
+    torch.testing.assert_close(block.ln_1(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_an_rmsnorm_model_reads_back_from_a_checkpoint_and_a_native_export_with_the_same_logits(tmp_path):
+    from gpt.interop.formats import export
+    from gpt.weights.load import load_model
+
+    trained = model(seed=2, norm="rmsnorm")
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if ".ln_" in name:
+                p.add_(torch.randn_like(p))
+    meta = {"kind": "char", "chars": [chr(65 + i) for i in range(40)], "vocab_size": 40}
+    checkpoint.save(checkpoint.model_entries(trained.state_dict(), trained.config, meta), tmp_path / "ckpt.pt")
+    export(trained.state_dict(), trained.config, meta, tmp_path / "native", format="native")
+    idx = torch.randint(0, 40, (2, 8))
+    for source in ("ckpt.pt", "native"):
+        loaded, _ = load_model(tmp_path / source)
+        assert loaded.config.norm == "rmsnorm", source
+        assert torch.equal(loaded(idx)[0], trained(idx)[0]), source

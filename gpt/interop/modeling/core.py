@@ -72,14 +72,16 @@ def attention(layer, q, k, v, ctx):
 
 class Attention(nn.Module):
     """c_attn -> q, k, v (fewer key/value heads allowed), the parts' q/k transforms, attention, c_proj.
-    A layer part (one with ``attend`` or ``qkv``) replaces those steps as the design's own layer does."""
+    A layer part (one with ``attend`` or ``qkv``, or ``forward``: all of them) replaces those steps as the design's
+    own layer does."""
 
     def __init__(self, mc: dict, layer: int, parts: list) -> None:
         super().__init__()
         self.layer, self.parts = layer, parts
         self.n_head, self.n_kv_head = mc["n_head"], mc.get("n_kv_head") or mc["n_head"]
         self.head_dim = mc["n_embd"] // mc["n_head"]
-        self.own = next((p for p in parts if hasattr(p, "attend") or hasattr(p, "qkv")), None)  # a layer design
+        self.own = next((p for p in parts if hasattr(p, "attend") or hasattr(p, "qkv") or hasattr(p, "forward")),
+                        None)  # a layer design
         self.qk_dim = self.own.qk_width(mc) if hasattr(self.own, "qk_width") else self.head_dim
         self.scale = None
         if hasattr(self.own, "add_projections"):
@@ -93,10 +95,15 @@ class Attention(nn.Module):
                 part.build(self, mc)
 
     def forward(self, x, ctx):
+        if hasattr(self.own, "forward"):  # a layer of its own from its input (Gated DeltaNet)
+            return self.own.forward(self, x, ctx)
         B, T, C = x.shape
         q, k, v = self.own.qkv(self, x, ctx) if hasattr(self.own, "qkv") else self.qkv(x, ctx)
         y = self.own.attend(self, q, k, v, ctx) if hasattr(self.own, "attend") else self.softmax_attention(q, k, v, ctx)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        for part in self.parts:  # an output gate, given the layer's input
+            y = part.output(self, y, x, ctx) if hasattr(part, "output") else y
+        return self.c_proj(y)
 
     def softmax_attention(self, q, k, v, ctx):
         return attention(self, q, k, v, ctx)
@@ -120,6 +127,13 @@ class Attention(nn.Module):
         return q, k
 
 
+def norm_layer(mc: dict) -> nn.Module:
+    """model.norm: GPT-2's LayerNorm, or RMSNorm (a weight only, epsilon 1e-6)."""
+    if mc.get("norm", "layernorm") == "rmsnorm":
+        return nn.RMSNorm(mc["n_embd"], eps=1e-6)
+    return nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+
+
 class MLP(nn.Module):
     def __init__(self, mc: dict) -> None:
         super().__init__()
@@ -134,9 +148,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, mc: dict, layer: int, parts: list) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+        self.ln_1 = norm_layer(mc)
         self.attn = Attention(mc, layer, parts)
-        self.ln_2 = nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+        self.ln_2 = norm_layer(mc)
         self.mlp = MLP(mc)
 
     def forward(self, x, ctx):
@@ -160,7 +174,7 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
         if not positional:
             self.transformer.wpe = nn.Embedding(mc["block_size"], mc["n_embd"])
         self.transformer.h = nn.ModuleList([Block(mc, i, self.parts) for i in range(mc["n_layer"])])
-        self.transformer.ln_f = nn.LayerNorm(mc["n_embd"], bias=mc["bias"])
+        self.transformer.ln_f = norm_layer(mc)
         self.lm_head = nn.Linear(mc["n_embd"], mc["vocab_size"], bias=False)
         self.post_init()
 
