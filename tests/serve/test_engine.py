@@ -1,0 +1,151 @@
+"""The serving engine (gpt.serve.engine) and its cache pool, without HTTP: each sequence's tokens are those
+gpt.inference.decoding.stream gives it alone (scripts/generate.py's loop) for its seed and settings, whatever else is
+decoded beside it: prompts of mixed lengths, sequences joining mid-stream, contexts sliding past block_size, every
+built-in design's cache kind (each case its contract tests check), and a user's cache kind the pool does not know."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpt.designs import active, available, get
+from gpt.inference.decoding import decode_step, prefill, stream
+from gpt.model import GPT, GPTConfig
+from gpt.model.kv_cache import KVCache, LayerKV
+from gpt.serve.cache_pool import SlotPool, SoloPool
+from gpt.serve.engine import Engine, Sampling, Sequence
+from gpt.tokenizers.tokenizer import CharTokenizer
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 ():.,=+-*\n")
+BASE = dict(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=len(CHARS) + 3)  # padded past the tokenizer's
+
+CASES = {"gpt2": {}, "window": {"window": 6}, "gqa": {"n_kv_head": 2}} | {
+    f"{name}:{case}": settings | ({"attention": "manual"} if {"attn_softcap", "attn_sink"} & set(settings) else {})
+    for name in available() for case, settings in get(name).cases.items()}  # a kernel that forms the scores
+
+JOBS = [  # (prompt length, max_tokens, sampling settings): greedy, top-k, top-p; two run past block_size (slide)
+    (5, 30, dict(temperature=0.0)), (1, 9, dict(temperature=0.9, top_k=5, seed=3)),
+    (17, 12, dict(temperature=1.1, top_p=0.8, seed=-2)), (2, 40, dict(temperature=0.7, seed=11)),
+    (9, 6, dict(temperature=0.0)), (24, 10, dict(temperature=1.0, top_k=7, seed=5)),
+]
+
+
+def model_for(settings: dict, seed: int = 0) -> GPT:
+    """A random model with weights 6x GPT-2's initial ones: peaked attention and logits, so a key or value the
+    cache got wrong changes the tokens (at GPT-2's scale a random model's attention is nearly uniform)."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**BASE | settings)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.mul_(6.0)
+    return model
+
+
+def alone(model: GPT, prompt: list[int], max_tokens: int, settings: dict) -> list[int]:
+    """What generate.py's loop samples for this prompt alone (its own generator, vocabulary limited)."""
+    generator = torch.Generator().manual_seed(settings.get("seed", 0))
+    temperature = settings["temperature"]
+    return [int(t) for t in stream(model, [prompt], max_tokens, temperature=temperature, top_k=settings.get("top_k"),
+                                   top_p=settings.get("top_p"), generator=generator, vocab_limit=len(CHARS))]
+
+
+def prompts(seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, len(CHARS), (n,), generator=g).tolist() for n, _, _ in JOBS]
+
+
+def serve(engine: Engine, prompts: list[list[int]], tokenizer) -> list[list[int]]:
+    """Submit the first half of JOBS, the rest once the first sequence has its third token (a join mid-stream);
+    each sequence's tokens."""
+    got: list[list[int]] = [[] for _ in JOBS]
+    done = [threading.Event() for _ in JOBS]
+    third = threading.Event()
+
+    def deliver(i: int):
+        def put(output) -> None:
+            assert output.error is None, output.error
+            if output.token is not None:
+                got[i].append(output.token)
+            if len(got[0]) >= 3:
+                third.set()
+            if output.finish_reason is not None:
+                done[i].set()
+        return put
+
+    sequences = [Sequence(p, Sampling(max_tokens=n, **s), tokenizer, deliver(i))
+                 for i, (p, (_, n, s)) in enumerate(zip(prompts, JOBS))]
+    engine.submit(sequences[:3])
+    assert third.wait(60)
+    engine.submit(sequences[3:])
+    assert all(event.wait(60) for event in done)
+    return got
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_sequence_gets_what_it_gets_alone_whatever_is_beside_it(case):
+    settings = CASES[case]
+    model, tokenizer = model_for(settings), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=4, max_queue=8).start()
+    try:
+        assert isinstance(engine.pool, SlotPool), "a built-in design's cache kind is pooled"
+        rows = prompts(len(case))
+        got = serve(engine, rows, tokenizer)
+        for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+            assert got[i] == alone(model, prompt, n, s), (case, i)
+        assert engine.pool.rows == [] and engine.pool.free == 4  # every slot given back
+        assert engine.steps < sum(n for _, n, _ in JOBS)  # decoded together
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_pools_logits_are_each_rows_own_caches_logits(case):
+    """Teacher-forced: rows join the pool at different steps with contexts of different lengths (1 token, a ring
+    wrapped, block_size) and one leaves; each row's logits at every step are those of its own one-row KVCache."""
+    model = model_for(CASES[case], 2)
+    pool = SlotPool(model, 3, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    streams = {name: torch.randint(0, len(CHARS), (40,), generator=g).tolist() for name in "abcd"}
+    joins = {0: ("a", 1), 2: ("b", 9), 3: ("c", 2), 5: ("d", BASE["block_size"] - 4)}  # step: (row, prompt length)
+    own: dict[str, tuple] = {}  # row -> (its own cache, tokens fed so far)
+    for step in range(8):
+        if pool.rows:
+            logits = pool.decode(model)
+            for i, name in enumerate(pool.rows):
+                cache, fed = own[name]
+                alone_logits = decode_step(model, torch.tensor([[streams[name][fed]]]), torch.tensor([[fed]]), cache)
+                torch.testing.assert_close(logits[i : i + 1], alone_logits, atol=1e-4, rtol=1e-4, msg=(case, name))
+                own[name] = (cache, fed + 1)
+            pool.feed([streams[name][own[name][1]] for name in pool.rows])
+        if step == 4:
+            pool.release(pool.rows.index("b"))  # leaves: "c" moves into its slot
+        if step in joins:
+            name, n = joins[step]
+            mine, theirs = KVCache(model.config, 1, "cpu"), KVCache(model.config, 1, "cpu")
+            for cache in (mine, theirs):
+                prefill(model, torch.tensor([streams[name][:n]]), torch.arange(n)[None], None, cache)
+            pool.insert(name, theirs, n, streams[name][n])
+            own[name] = (mine, n)
+    assert pool.free == 0 and sorted(pool.rows) == ["a", "c", "d"]
+
+
+class _OwnKV(LayerKV):
+    """A user's cache kind (the pool cannot know where its slots are)."""
+
+
+def test_a_cache_kind_the_pool_does_not_know_decodes_each_sequence_in_its_own_cache(monkeypatch):
+    model, tokenizer = model_for({"pos_embedding": "rope"}, 1), CharTokenizer(CHARS)
+    rope = next(d for d in active(model.config) if d.name == "rope")
+    monkeypatch.setattr(type(rope), "cache", _OwnKV)
+    engine = Engine(model, tokenizer, max_batch=3, max_queue=8).start()
+    try:
+        assert isinstance(engine.pool, SoloPool)
+        rows = prompts(7)
+        got = serve(engine, rows, tokenizer)
+        for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+            assert got[i] == alone(model, prompt, n, s), i
+    finally:
+        engine.stop()
