@@ -64,8 +64,8 @@ class SlotPool:
         self.key_mask = torch.zeros(slots, self.size, dtype=torch.bool, device=device)  # a slot holds the row's token
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)  # tokens each row's context holds
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)  # the token each row feeds next
-        self.column = self.size  # the next step writes here (mod size)
-        self._view: _View | None = None
+        self.held: list[int] = []  # each row's context length (lengths, as Python numbers)
+        self.column = 0  # the next step writes here (mod size)
 
     @property
     def free(self) -> int:
@@ -77,6 +77,8 @@ class SlotPool:
         row = len(self.rows)
         if row == self.slots:
             raise RuntimeError("the cache pool has no free slot")
+        if not self.rows:  # an empty pool: the sequence starts at column 0, so its columns do not wrap soon
+            self.column = length
         slots = (torch.arange(self.size, device=self.device) + self.column - length) % self.size
         for layer, stores in zip(cache.layers, self.stores):
             for name, axis in KINDS[type(layer)].items():
@@ -93,7 +95,7 @@ class SlotPool:
         self.key_mask[row].index_copy_(0, slots, cache.key_mask[0])
         self.lengths[row], self.tokens[row] = length, token
         self.rows.append(seq)
-        self._view = None
+        self.held.append(length)
 
     def release(self, row: int) -> Any:
         """Give a slot back at once: the last slot in use moves into it. Returns the sequence it held."""
@@ -106,9 +108,9 @@ class SlotPool:
                         value[row] = value[last]
             for t in (self.key_mask, self.lengths, self.tokens):
                 t[row] = t[last]
-            self.rows[row] = self.rows[last]
+            self.rows[row], self.held[row] = self.rows[last], self.held[last]
         self.rows.pop()
-        self._view = None
+        self.held.pop()
         return seq
 
     def feed(self, tokens: list[int]) -> None:
@@ -117,29 +119,39 @@ class SlotPool:
 
     def decode(self, model: GPT) -> Tensor:
         """One decode step of every row in use, each feeding its next token; the next logits (B, vocab)."""
-        if self._view is None:
-            self._view = _View(self)
-        view, b = self._view, len(self.rows)
-        positions = self.lengths[:b].view(b, 1).clone()
-        logits = decode_step(model, self.tokens[:b].view(b, 1), positions, view)
+        b = len(self.rows)
+        view = _View(self, *self.span())
+        logits = decode_step(model, self.tokens[:b].view(b, 1), self.lengths[:b].view(b, 1).clone(), view)
         view.written()
         return logits
 
+    def span(self) -> tuple[int, int, bool]:
+        """The columns this step reads, [lo, hi), and whether every row holds a real token in each of them.
+
+        The rows' tokens lie in the ``held`` columns before this one (the longest row's), so where those do not wrap
+        round the ring the step reads only them: a short context is not charged for block_size slots; one row, or
+        rows of one length, need no mask at all. Sink tokens' stores read every column (SinkKV reads the index)."""
+        column, held = self.column % self.size, min(max(self.held), self.size)
+        if self.sinks or held == self.size or held > column:
+            return 0, self.size, not self.sinks and min(self.held) >= self.size
+        return column - held, column + 1, min(self.held) == held
+
 
 class _View(KVCache):
-    """The rows in use as the cache of one batch: each layer's kind holding views of the pool's stores, and a step
-    that writes every row's token at the pool's column (the fixed-shape step of KVCache under torch.compile)."""
+    """The rows in use as the cache of one batch: each layer's kind holding views of the pool's stores (columns
+    [lo, hi)), and a step that writes every row's token at the pool's column (KVCache's fixed-shape step)."""
 
-    def __init__(self, pool: SlotPool) -> None:  # not the parent's: it allocates, this views
-        self.pool, b = pool, len(pool.rows)
-        self.size, self.window, self.max_length = pool.size, None, None  # window None: no hook reads a global index
+    def __init__(self, pool: SlotPool, lo: int, hi: int, full: bool) -> None:  # not the parent's: this views
+        self.pool, self.lo, self.full, b = pool, lo, full, len(pool.rows)
+        self.size, self.window, self.max_length = hi - lo, None, None  # window None: no hook reads a global index
         self.layers, self.views = [], []
         for kind, stores in zip(pool.kinds, pool.stores):
             layer = kind.__new__(kind)
-            layer.size = layer.tokens = pool.size
+            layer.size = layer.tokens = self.size
             if kind is SinkKV:
                 layer.sinks = pool.sinks
-            views = {name: [value[:b] for value in values] for name, values in stores.items()}
+            views = {name: [value[:b] if KINDS[kind][name] is None else value[:b].narrow(KINDS[kind][name], lo, hi - lo)
+                            for value in values] for name, values in stores.items()}
             for name in KINDS[kind]:
                 value = views.get(name)
                 setattr(layer, name, None if value is None else tuple(value) if name == "state" else value[0])
@@ -147,18 +159,20 @@ class _View(KVCache):
             self.views.append(views)
 
     def step(self, n: int, key_mask: Tensor | None) -> Step:
-        """One token per row at the pool's column: every slot, with each row's mask (sink tokens' keys first: those
-        the ring no longer holds, per row)."""
+        """One token per row at the pool's column: the columns read, with each row's mask unless every one is real
+        (sink tokens' keys first: those the ring no longer holds, per row)."""
         pool, b = self.pool, len(self.pool.rows)
         if n != 1:
             raise ValueError("the cache pool decodes one token at a time")
-        pool.key_mask[:b, pool.column % pool.size] = True
-        mask = pool.key_mask[:b]
+        column = pool.column % pool.size
+        pool.key_mask[:b, column] = True
+        mask = None if self.full else pool.key_mask[:b, self.lo : self.lo + self.size]
         if pool.sinks:
             gone = torch.arange(pool.sinks, device=pool.device) < (pool.lengths[:b, None] + 1 - pool.size)
             mask = torch.cat([gone, mask], dim=1)
-        index = torch.tensor([pool.column], device=pool.device)
-        return Step(None, index, mask, None, None)
+        # the slot of the new token in the columns read; past the sinks' indices (SinkKV.first keeps index < sinks)
+        index = column - self.lo + (pool.size * (pool.sinks // pool.size + 1) if pool.sinks else 0)
+        return Step(None, torch.tensor([index], device=pool.device), mask, None, None)
 
     def written(self) -> None:
         """After the step: stores a kind replaced rather than wrote in place (a running state, sink tokens' keys)
@@ -170,20 +184,19 @@ class _View(KVCache):
                     if new is not value:
                         value.copy_(new)
             if type(layer) is SinkKV and pool.sinks:
-                self._keep_sinks(layer, views, b)
+                self._keep_sinks(views, b)
         pool.column += 1
         pool.lengths[:b] += 1
+        pool.held[:b] = [n + 1 for n in pool.held[:b]]
 
-    def _keep_sinks(self, layer: SinkKV, views: dict[str, list[Tensor]], b: int) -> None:
+    def _keep_sinks(self, views: dict[str, list[Tensor]], b: int) -> None:
         """Rows whose new token is one of the first ``sinks``: its key and value also go to the sink stores."""
-        young = (self.pool.lengths[:b] < self.pool.sinks).nonzero().flatten().tolist()
         slot = self.pool.column % self.pool.size
-        for row in young:
-            at = int(self.pool.lengths[row])
-            views["sink_k"][0][row, :, at] = views["k"][0][row, :, slot]
-            views["sink_v"][0][row, :, at] = views["v"][0][row, :, slot]
-        for name in ("sink_k", "sink_v"):  # the view objects again (SinkKV.first returns a new tensor)
-            setattr(layer, name, views[name][0])
+        for row in range(b):
+            at = self.pool.held[row]
+            if at < self.pool.sinks:
+                views["sink_k"][0][row, :, at] = views["k"][0][row, :, slot]
+                views["sink_v"][0][row, :, at] = views["v"][0][row, :, slot]
 
 
 class SoloPool:
