@@ -30,6 +30,7 @@ from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
 from gpt.tokenizers.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
+RATE_SECONDS = 10.0  # the window /metrics' tokens per second is measured over
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,9 @@ class Engine:
         self.pool = (SlotPool if pooled(model) else SoloPool)(model, max_batch, self.device)
         self.steps = 0  # model calls so far (prefills and decode steps)
         self.tokens = 0  # tokens sampled so far
-        self.started = time.monotonic()
+        self.prompt_tokens = 0  # tokens prefilled so far
+        self.refused = 0  # sequences refused with QueueFull
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the steps of the last RATE_SECONDS
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
         self._stopping = False
@@ -152,6 +155,7 @@ class Engine:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             if len(self._waiting) + len(sequences) > self.max_queue:
+                self.refused += len(sequences)
                 raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.max_queue})")
             self._waiting.extend(sequences)
             self._cond.notify()
@@ -169,6 +173,24 @@ class Engine:
         with self._cond:
             return {"waiting": sum(not s.cancelled for s in self._waiting),
                     "decoding": sum(not s.done for s in self.pool.rows), "steps": self.steps}
+
+    def metrics(self) -> dict[str, float]:
+        """load() and what /metrics reports besides: slots, tokens and their rate, prompt tokens, refusals."""
+        now = time.monotonic()
+        with self._cond:
+            recent = [(t, n) for t, n in self._recent if t > now - RATE_SECONDS]
+            return {"waiting": sum(not s.cancelled for s in self._waiting),
+                    "running": sum(not s.done for s in self.pool.rows), "slots_used": len(self.pool.rows),
+                    "slots": self.pool.slots, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+                    "tokens_per_s": sum(n for _, n in recent) / RATE_SECONDS, "steps": self.steps,
+                    "refused": self.refused}
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the tokens the waiting sequences may ask for (their max_tokens) at
+        the recent tokens per second, between 1 and 60."""
+        with self._cond:
+            wanted = sum(s.sampling.max_tokens for s in self._waiting if not s.cancelled)
+        return max(1, min(60, round(wanted / max(self.metrics()["tokens_per_s"], 1.0))))
 
     def _loop(self) -> None:
         while True:
@@ -231,6 +253,7 @@ class Engine:
         with self.lock, self.autocast():
             logits = prefill(self.model, idx, positions, key_mask, cache)
         self.steps += 1
+        self.prompt_tokens += len(context)
         self.pool.insert(seq, cache, len(context), context[-1])
         return logits
 
@@ -248,6 +271,11 @@ class Engine:
                 tokens[i] = token
         self.pool.feed(tokens)
         self.tokens += len(rows)
+        now = time.monotonic()
+        with self._cond:
+            self._recent.append((now, len(rows)))
+            while self._recent and self._recent[0][0] < now - RATE_SECONDS:
+                self._recent.popleft()
         outputs = [(seq, seq.take(token)) for seq, token in zip(rows, tokens) if not seq.cancelled]
         for row in reversed(range(len(rows))):
             if rows[row].done:
