@@ -113,6 +113,15 @@ class SlotPool:
         self.held.pop()
         return seq
 
+    def row_layers(self, row: int) -> list[dict[str, Tensor]]:
+        """One row's slotted tensors, per layer by name, (1, ...) with its positions 0.. in order (the prefix cache
+        keeps them); valid while the row's context has not outgrown a ring."""
+        held = self.held[row]
+        slots = (torch.arange(held, device=self.device) + self.column - held) % self.size
+        return [{name: values[0][row : row + 1].index_select(KINDS[kind][name], slots)
+                 for name, values in stores.items() if KINDS[kind][name] is not None}
+                for kind, stores in zip(self.kinds, self.stores)]
+
     def feed(self, tokens: list[int]) -> None:
         """The token each row in use feeds next, in slot order."""
         self.tokens[: len(tokens)] = torch.tensor(tokens, device=self.device)

@@ -27,6 +27,7 @@ class ServeConfig(ScriptConfig):
     max_body_bytes: int = 1048576  # a larger request body gets 413
     max_batch: int = 32  # sequences decoded together per model
     max_queue: int = 256  # sequences waiting for a place in the batch, per model; more get 503
+    prefix_cache_blocks: int = 1024  # blocks of 16 prompt tokens whose keys and values are kept for reuse; 0: none
     log_requests: bool = True  # one access-log line per request
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: Optional[AttentionConfig] = None  # attention=<kernel>: serve the weights with it (None: as trained)
@@ -35,6 +36,8 @@ class ServeConfig(ScriptConfig):
     def __post_init__(self) -> None:
         check_positive(self, "max_tokens", "max_body_bytes", "max_batch", "max_queue")
         check_positive(self, "max_prompt_tokens", optional=True)
+        if isinstance(self.prefix_cache_blocks, bool) or self.prefix_cache_blocks < 0:
+            raise ConfigError(f"prefix_cache_blocks must be 0 (none) or more, got {self.prefix_cache_blocks}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be between 0 and 65535, got {self.port}")
         if self.precision not in PRECISIONS:

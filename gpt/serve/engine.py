@@ -27,6 +27,7 @@ from gpt.inference.text import TextStream
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache
 from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
+from gpt.serve.prefix_cache import PrefixCache, cacheable, layer_tensors
 from gpt.tokenizers.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
@@ -118,12 +119,15 @@ class Engine:
     its own."""
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 32, max_queue: int = 64,
-                 autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model") -> None:
+                 autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model",
+                 prefix_blocks: int = 0) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.autocast = max_batch, max_queue, autocast
         self.device = next(model.parameters()).device
         self.lock = threading.Lock()  # one forward pass of the model at a time (attention pictures take it too)
         self.pool = (SlotPool if pooled(model) else SoloPool)(model, max_batch, self.device)
+        cacheable_ = isinstance(self.pool, SlotPool) and cacheable(KVCache(model.config, 1, self.device))
+        self.prefix = PrefixCache(prefix_blocks) if prefix_blocks and cacheable_ else None  # None: no prefix cache
         self.steps = 0  # model calls so far (prefills and decode steps)
         self.tokens = 0  # tokens sampled so far
         self.prompt_tokens = 0  # tokens prefilled so far
@@ -183,7 +187,9 @@ class Engine:
                     "running": sum(not s.done for s in self.pool.rows), "slots_used": len(self.pool.rows),
                     "slots": self.pool.slots, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
                     "tokens_per_s": sum(n for _, n in recent) / RATE_SECONDS, "steps": self.steps,
-                    "refused": self.refused}
+                    "refused": self.refused, "prefix_hit_rate": self.prefix.hit_rate if self.prefix else 0.0,
+                    "prefix_reused_tokens": self.prefix.reused if self.prefix else 0,
+                    "prefix_blocks": len(self.prefix.blocks) if self.prefix else 0}
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the tokens the waiting sequences may ask for (their max_tokens) at
@@ -250,8 +256,15 @@ class Engine:
         context = seq.ids[seq.start:]
         idx, key_mask, positions = left_pad([context], self.device)
         cache = KVCache(self.model.config, 1, self.device)
+        cached = 0
+        if self.prefix is not None and seq.start == 0:  # a slid context's positions no longer match a prompt's
+            cached, blocks = self.prefix.lookup(context)
+            if cached:
+                self.prefix.fill(cache, blocks)
         with self.lock, self.autocast():
-            logits = prefill(self.model, idx, positions, key_mask, cache)
+            logits = prefill(self.model, idx[:, cached:], positions[:, cached:], key_mask, cache)
+        if self.prefix is not None and seq.start == 0:
+            self.prefix.store(context, layer_tensors(cache))
         self.steps += 1
         self.prompt_tokens += len(context)
         self.pool.insert(seq, cache, len(context), context[-1])
@@ -279,9 +292,18 @@ class Engine:
         outputs = [(seq, seq.take(token)) for seq, token in zip(rows, tokens) if not seq.cancelled]
         for row in reversed(range(len(rows))):
             if rows[row].done:
+                self._keep_prefix(row)
                 self.pool.release(row)
         for seq, output in outputs:
             seq.deliver(output)
+
+    def _keep_prefix(self, row: int) -> None:
+        """A finished sequence's blocks (its generated tokens too) go to the prefix cache: a chat's next turn repeats
+        them. Not a cancelled one's, nor a context that slid (its positions start past 0)."""
+        seq = self.pool.rows[row]
+        if self.prefix is not None and seq.start == 0 and not seq.cancelled:
+            held = self.pool.held[row]
+            self.prefix.store(seq.ids[:held], self.pool.row_layers(row))
 
     def _fail(self, sequences: list[Sequence], message: str) -> None:
         """End these sequences with an error output and empty the pool."""

@@ -19,6 +19,11 @@ FAMILIES = [  # (name, type, help, the key of Engine.metrics())
     ("gpt_serve_prompt_tokens_total", "counter", "Prompt tokens prefilled.", "prompt_tokens"),
     ("gpt_serve_model_calls_total", "counter", "Model calls (prefills and decode steps).", "steps"),
     ("gpt_serve_refused_sequences_total", "counter", "Sequences refused because the queue was full.", "refused"),
+    ("gpt_serve_prefix_cache_hit_rate", "gauge", "Prompt tokens found in the prefix cache, of those looked up.",
+     "prefix_hit_rate"),
+    ("gpt_serve_prefix_cache_reused_tokens_total", "counter", "Prompt tokens not prefilled: found in the prefix cache.",
+     "prefix_reused_tokens"),
+    ("gpt_serve_prefix_cache_blocks", "gauge", "Blocks the prefix cache holds.", "prefix_blocks"),
 ]
 
 

@@ -149,3 +149,60 @@ def test_a_cache_kind_the_pool_does_not_know_decodes_each_sequence_in_its_own_ca
             assert got[i] == alone(model, prompt, n, s), i
     finally:
         engine.stop()
+
+
+def run_one(engine: Engine, prompt: list[int], tokenizer, max_tokens: int, **settings) -> list[int]:
+    """One sequence through the engine, alone; its tokens."""
+    got, done = [], threading.Event()
+
+    def deliver(output) -> None:
+        assert output.error is None, output.error
+        got.extend([output.token] if output.token is not None else [])
+        if output.finish_reason is not None:
+            done.set()
+
+    engine.submit([Sequence(prompt, Sampling(max_tokens=max_tokens, **settings), tokenizer, deliver)])
+    assert done.wait(60)
+    return got
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone", "rope:alone"])
+def test_a_multi_turn_chat_reuses_its_earlier_turns_from_the_prefix_cache(case):
+    """Each turn's prompt is the last turn's prompt, its answer and a new message: at least 80% of the prompt tokens
+    of a four-turn replay come from the prefix cache (the answers' blocks too), and every turn's tokens are still
+    those of generate.py's loop alone."""
+    model, tokenizer = model_for(CASES[case] | {"block_size": 160}, 4), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=64).start()
+    try:
+        g = torch.Generator().manual_seed(5)
+        prompt = torch.randint(0, len(CHARS), (40,), generator=g).tolist()  # a system prompt and a first message
+        looked = 0
+        for turn in range(4):
+            settings = dict(temperature=0.8, top_k=6, seed=turn)
+            answer = run_one(engine, prompt, tokenizer, 20, **settings)
+            assert answer == alone(model, prompt, 20, settings), (case, turn)
+            looked += len(prompt)
+            prompt = prompt + answer + torch.randint(0, len(CHARS), (6,), generator=g).tolist()
+        first_turn = 40
+        assert engine.prefix.reused >= 0.8 * (looked - first_turn), (engine.prefix.reused, looked)
+        assert engine.prefix.hit_rate == engine.prefix.reused / looked
+    finally:
+        engine.stop()
+
+
+def test_the_prefix_cache_evicts_the_least_recently_used_blocks_and_is_off_for_rings():
+    model, tokenizer = model_for({"block_size": 64}, 5), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=3).start()
+    try:
+        a, b = list(range(20)) + list(range(20)), list(range(5, 45))  # 40 tokens: two whole blocks before the last
+        run_one(engine, a, tokenizer, 1, temperature=0.0)
+        run_one(engine, b, tokenizer, 1, temperature=0.0)  # b's second block takes the place of a's first
+        assert len(engine.prefix.blocks) == 3 and engine.prefix.reused == 0
+        run_one(engine, b, tokenizer, 1, temperature=0.0)
+        assert engine.prefix.reused == 32  # both of b's blocks
+        run_one(engine, a, tokenizer, 1, temperature=0.0)
+        assert engine.prefix.reused == 32  # a's second block is useless without its first, evicted
+    finally:
+        engine.stop()
+    assert Engine(model_for({"window": 6}), tokenizer, prefix_blocks=8).prefix is None  # a ring cannot continue
+    assert Engine(model_for(CASES["linear:alone"]), tokenizer, prefix_blocks=8).prefix is None  # nor a state
