@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -52,6 +53,8 @@ class BenchServeConfig:
     arrival_rate: Optional[float] = None  # requests per second of a Poisson process (None: back to back)
     seed: int = 0  # of the drawn lengths, prompts and arrival times
     baseline: Optional[str] = None  # a git revision whose server runs the same requests in the same run
+    chat_turns: int = 0  # > 0: also a multi-turn chat replay (requests // chat_turns conversations, each turn's
+    # prompt the last one's, its answer and a new message), its prefix cache hit rate from /metrics
     repeats: int = 2  # the levels are run this many times, interleaved (1, 4, 16, 1, 4, 16)
     max_batch: int = 32  # the server's
     threads: Optional[int] = None  # torch's CPU threads in the servers and the decode loop (None: torch's default)
@@ -60,6 +63,8 @@ class BenchServeConfig:
     def __post_init__(self) -> None:
         check_positive(self, "requests", "seconds", "max_tokens", "repeats", "max_batch")
         check_positive(self, "arrival_rate", "threads", optional=True)
+        if self.chat_turns < 0:
+            raise ConfigError(f"chat_turns must be 0 (no chat replay) or more, got {self.chat_turns}")
         if not self.clients or any(c < 1 for c in self.clients):
             raise ConfigError(f"clients must be positive counts, got {self.clients}")
         for name in ("prompt_tokens", "output_tokens"):
@@ -77,6 +82,7 @@ class Result:
     end: float | None = None
     tokens: int = 0
     error: str | None = None
+    text: str = ""
 
     @property
     def per_token(self) -> float | None:
@@ -109,8 +115,9 @@ def stream_completion(url: str, body: dict, api_key: str | None = None, timeout:
                 result.error = chunk["error"]["message"]
             elif chunk.get("usage"):
                 result.tokens = chunk["usage"]["completion_tokens"]
-            elif result.first is None:
-                result.first = time.perf_counter()
+            else:
+                result.first = result.first or time.perf_counter()
+                result.text += "".join(choice.get("text", "") for choice in chunk.get("choices", []))
         result.end = time.perf_counter()
     except (OSError, http.client.HTTPException, ValueError) as err:
         result.error = f"{type(err).__name__}: {err}"
@@ -155,9 +162,70 @@ def load(url: str, model: str, clients: int, requests: int, seconds: float, body
     return results
 
 
-def workload(cfg: BenchServeConfig, vocabulary: str) -> tuple[list[dict], list[float] | None]:
-    """Each request's body (its prompt and max_tokens drawn from the ranges) and arrival time, from cfg.seed."""
-    rng = random.Random(cfg.seed)
+def chat_replay(url: str, model: str, clients: int, conversations: int, turns: int, seed: int) -> list[Result]:
+    """``conversations`` chats of ``turns`` turns, ``clients`` at a time, as a chat front end resends the whole
+    conversation: one 64-character system prompt shared by every chat and a 4-character first message, then each
+    turn the last prompt, its answer (12 tokens) and a new 4-character message (4 turns fit a 128-token context)."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz "
+    words = lambda n: "".join(rng.choice(letters) for _ in range(n))  # noqa: E731
+    system = words(64)
+    plans = [(system + words(4), [words(4) for _ in range(turns)]) for _ in range(conversations)]
+    results: list[Result] = []
+    lock = threading.Lock()
+    todo: queue.Queue[int] = queue.Queue()
+    for c in range(conversations):
+        todo.put(c)
+
+    def client() -> None:
+        while True:
+            try:
+                c = todo.get_nowait()
+            except queue.Empty:
+                return
+            prompt, messages = plans[c]
+            for turn in range(turns):
+                result = stream_completion(url, {"model": model, "prompt": prompt, "max_tokens": 12,
+                                                 "temperature": 0.8, "seed": c * turns + turn + 1})
+                with lock:
+                    results.append(result)
+                prompt += result.text + messages[turn]
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def prefix_counters(url: str, model: str) -> tuple[float, float] | None:
+    """(prompt tokens prefilled or found, prompt tokens found in the prefix cache) from /metrics; None where the
+    server has no /metrics (an older revision)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except (OSError, ValueError):
+        return None
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("gpt_serve_prompt_tokens_total{", "gpt_serve_prefix_cache_reused_tokens_total{")) \
+                and f'model="{model}"' in line:
+            values[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
+    return values.get("gpt_serve_prompt_tokens_total", 0.0), values.get("gpt_serve_prefix_cache_reused_tokens_total",
+                                                                        0.0)
+
+
+def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | None) -> str:
+    """The share of a level's prompt tokens found in the prefix cache, from /metrics before and after it."""
+    if before is None or after is None or after[0] == before[0]:
+        return "n/a"
+    return f"{(after[1] - before[1]) / (after[0] - before[0]):.0%}"
+
+
+def workload(cfg: BenchServeConfig, vocabulary: str, seed: int) -> tuple[list[dict], list[float] | None]:
+    """Each request's body (its prompt and max_tokens drawn from the ranges) and arrival time, drawn from seed."""
+    rng = random.Random(seed)
     bodies = []
     for _ in range(cfg.requests):
         prompt = cfg.prompt
@@ -279,13 +347,13 @@ def decode_speed(ckpt: str, device: str, tokens: int, threads: int | None = None
 
 
 LEVEL_COLUMNS = ["engine", "clients", "run", "requests", "failed", "tokens", "tokens/s", "TTFT p50 ms",
-                 "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "load average before / after"]
+                 "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "prefix hit rate", "load average before / after"]
 
 
-def level_row(engine: str, clients: int, repeat: int, s: dict, before: str) -> list:
+def level_row(engine: str, clients: int, repeat: int, s: dict, before: str, hits: str) -> list:
     return [engine, clients, repeat, s["requests"], s["failed"], s["tokens"], f"{s['tokens_per_s']:,.0f}",
             f"{s['first_token_p50'] * 1e3:.0f}", f"{s['first_token_p99'] * 1e3:.0f}",
-            f"{s['per_token_p50'] * 1e3:.1f}", f"{s['per_token_p99'] * 1e3:.1f}", f"{before} / {uptime()}"]
+            f"{s['per_token_p50'] * 1e3:.1f}", f"{s['per_token_p99'] * 1e3:.1f}", hits, f"{before} / {uptime()}"]
 
 
 def run(cfg: BenchServeConfig) -> str:
@@ -297,19 +365,28 @@ def run(cfg: BenchServeConfig) -> str:
                                   if cfg.baseline else {})
         servers = {name: start_server(ckpt, cfg.max_batch, cfg.device.type, root, cfg.threads)
                    for name, root in roots.items()}
-        bodies, arrivals = workload(cfg, "".join(chr(c) for c in range(97, 123)) + " ():=\n")
+        vocabulary = "".join(chr(c) for c in range(97, 123)) + " ():=\n"
+        bodies, arrivals = workload(cfg, vocabulary, cfg.seed)
         try:
             rows, best, ceiling = [], {}, []
             for _, url in servers.values():
                 stream_completion(url, {**bodies[0], "model": ckpt, "max_tokens": 2})  # warm up
             for repeat in range(cfg.repeats):
                 ceiling.append(decode_speed(ckpt, cfg.device.type, max(b["max_tokens"] for b in bodies), cfg.threads))
-                for clients in cfg.clients:
+                for level, clients in enumerate(cfg.clients):  # new prompts each level, the same for every server
+                    bodies, arrivals = workload(cfg, vocabulary, cfg.seed + 1 + repeat * len(cfg.clients) + level)
                     for name, (_, url) in servers.items():
-                        before = uptime()
+                        before, counters = uptime(), prefix_counters(url, ckpt)
                         s = summary(load(url, ckpt, clients, cfg.requests, cfg.seconds, {}, None, bodies, arrivals))
                         best[name, clients] = max(best.get((name, clients), 0.0), s["tokens_per_s"])
-                        rows.append(level_row(name, clients, repeat + 1, s, before))
+                        rows.append(level_row(name, clients, repeat + 1, s, before,
+                                              hit_rate(counters, prefix_counters(url, ckpt))))
+                for name, (_, url) in servers.items() if cfg.chat_turns else ():
+                    before, counters = uptime(), prefix_counters(url, ckpt)
+                    s = summary(chat_replay(url, ckpt, max(cfg.clients), max(1, cfg.requests // cfg.chat_turns),
+                                            cfg.chat_turns, cfg.seed + repeat))
+                    rows.append(level_row(f"{name}, chat replay", max(cfg.clients), repeat + 1, s, before,
+                                          hit_rate(counters, prefix_counters(url, ckpt))))
         finally:
             for process, _ in servers.values():
                 process.terminate()
