@@ -110,6 +110,16 @@ class Sequence:
         return Output(text, None if token in self.sampling.stop_tokens else token, self.finish_reason)
 
 
+@dataclass
+class _Filling:
+    """A sequence being prefilled: its one-row cache, its context, and how many of its tokens the cache holds."""
+
+    seq: Sequence
+    cache: KVCache
+    context: list[int]
+    done: int
+
+
 class QueueFull(Exception):
     """The engine's queue holds max_queue sequences already."""
 
@@ -120,7 +130,7 @@ class Engine:
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 32, max_queue: int = 64,
                  autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model",
-                 prefix_blocks: int = 0) -> None:
+                 prefix_blocks: int = 0, prefill_chunk: int = 0) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.autocast = max_batch, max_queue, autocast
         self.device = next(model.parameters()).device
@@ -128,6 +138,9 @@ class Engine:
         self.pool = (SlotPool if pooled(model) else SoloPool)(model, max_batch, self.device)
         cacheable_ = isinstance(self.pool, SlotPool) and cacheable(KVCache(model.config, 1, self.device))
         self.prefix = PrefixCache(prefix_blocks) if prefix_blocks and cacheable_ else None  # None: no prefix cache
+        # tokens of prompts prefilled per step, between decode steps (0: whole prompts); a ring cannot take chunks
+        self.prefill_chunk = prefill_chunk if KVCache(model.config, 1, self.device).window is None else 0
+        self._filling: list[_Filling] = []  # sequences being prefilled, in order
         self.steps = 0  # model calls so far (prefills and decode steps)
         self.tokens = 0  # tokens sampled so far
         self.prompt_tokens = 0  # tokens prefilled so far
@@ -176,7 +189,7 @@ class Engine:
         than tokens served is batching at work)."""
         with self._cond:
             return {"waiting": sum(not s.cancelled for s in self._waiting),
-                    "decoding": sum(not s.done for s in self.pool.rows), "steps": self.steps}
+                    "decoding": sum(not s.done for s in self.pool.rows) + len(self._filling), "steps": self.steps}
 
     def metrics(self) -> dict[str, float]:
         """load() and what /metrics reports besides: slots, tokens and their rate, prompt tokens, refusals."""
@@ -184,7 +197,8 @@ class Engine:
         with self._cond:
             recent = [(t, n) for t, n in self._recent if t > now - RATE_SECONDS]
             return {"waiting": sum(not s.cancelled for s in self._waiting),
-                    "running": sum(not s.done for s in self.pool.rows), "slots_used": len(self.pool.rows),
+                    "running": sum(not s.done for s in self.pool.rows) + len(self._filling),
+                    "slots_used": len(self.pool.rows) + len(self._filling),
                     "slots": self.pool.slots, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
                     "tokens_per_s": sum(n for _, n in recent) / RATE_SECONDS, "steps": self.steps,
                     "refused": self.refused, "prefix_hit_rate": self.prefix.hit_rate if self.prefix else 0.0,
@@ -201,7 +215,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._waiting and not self.pool.rows:
+                while not self._stopping and not self._waiting and not self.pool.rows and not self._filling:
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -222,15 +236,16 @@ class Engine:
             if self.pool.rows[row].done:
                 self.pool.release(row)
         joined: list[Sequence] = []
-        while self._waiting and len(joined) < self.pool.free:
+        while self._waiting and len(joined) < self.pool.free - len(self._filling):
             seq = self._waiting.popleft()
             if not seq.cancelled:
                 joined.append(seq)
         return joined
 
     def _step(self, joined: list[Sequence]) -> None:
-        """One decode step for the slots in use, one prefill for each sequence joining or whose context slides,
-        then one token for each."""
+        """One decode step for the slots in use, then prefills (of sequences joining or whose context slides) up to
+        prefill_chunk tokens, so a long prompt does not stall the others; one token for each row decoded and each
+        prefill completed."""
         pool, block = self.pool, self.model.config.block_size
         refill = []
         for row in reversed(range(len(pool.rows))):
@@ -238,36 +253,52 @@ class Engine:
             if len(seq.ids) - seq.start > block:  # stream's slide: its last block_size // 2 tokens, prefilled again
                 seq.start = len(seq.ids) - block // 2
                 refill.append(pool.release(row))
+        self._filling += [self._begin(seq) for seq in [*reversed(refill), *joined]]
+        self._filling = [f for f in self._filling if not f.seq.cancelled]
         logits = []
         if pool.rows:
             with self.lock, self.autocast():
                 logits.append(pool.decode(self.model))
             self.steps += 1
-        for seq in [*reversed(refill), *joined]:
-            logits.append(self._prefill(seq))
+        budget = self.prefill_chunk or block
+        while self._filling and budget > 0:
+            filling = self._filling[0]
+            n = min(budget, len(filling.context) - filling.done) if self.prefill_chunk else len(filling.context)
+            budget -= n
+            done = self._advance(filling, n)
+            if done is not None:
+                logits.append(done)
+                self._filling.pop(0)
         if logits:
             self._sample(list(pool.rows), torch.cat(logits)[:, : self.tokenizer.vocab_size])
 
-    def _prefill(self, seq: Sequence) -> Tensor:
-        """Prefill the sequence's context alone (as generate.py does) and put its cache in a free slot; its next
-        token's logits (1, vocab)."""
-        if len(seq.ids) - seq.start > self.model.config.block_size:
-            seq.start = len(seq.ids) - self.model.config.block_size // 2
+    def _begin(self, seq: Sequence) -> _Filling:
+        """A sequence to prefill alone (as generate.py does), its context's cached prefix already in its cache."""
         context = seq.ids[seq.start:]
-        idx, key_mask, positions = left_pad([context], self.device)
         cache = KVCache(self.model.config, 1, self.device)
         cached = 0
         if self.prefix is not None and seq.start == 0:  # a slid context's positions no longer match a prompt's
             cached, blocks = self.prefix.lookup(context)
             if cached:
                 self.prefix.fill(cache, blocks)
-        with self.lock, self.autocast():
-            logits = prefill(self.model, idx[:, cached:], positions[:, cached:], key_mask, cache)
-        if self.prefix is not None and seq.start == 0:
-            self.prefix.store(context, layer_tensors(cache))
-        self.steps += 1
         self.prompt_tokens += len(context)
-        self.pool.insert(seq, cache, len(context), context[-1])
+        return _Filling(seq, cache, context, cached)
+
+    def _advance(self, filling: _Filling, n: int) -> Tensor | None:
+        """Prefill the next n tokens of a context (all that remain without chunks); once it is complete, its cache goes
+        to a free slot and its next token's logits (1, vocab) are returned."""
+        idx, _, positions = left_pad([filling.context], self.device)
+        end = min(filling.done + n, len(filling.context))
+        with self.lock, self.autocast():
+            logits = prefill(self.model, idx[:, filling.done:end], positions[:, filling.done:end], None,
+                             filling.cache)
+        self.steps += 1
+        filling.done = end
+        if end < len(filling.context):
+            return None
+        if self.prefix is not None and filling.seq.start == 0:
+            self.prefix.store(filling.context, layer_tensors(filling.cache))
+        self.pool.insert(filling.seq, filling.cache, end, filling.context[-1])
         return logits
 
     def _sample(self, rows: list[Sequence], logits: Tensor) -> None:
@@ -306,7 +337,9 @@ class Engine:
             self.prefix.store(seq.ids[:held], self.pool.row_layers(row))
 
     def _fail(self, sequences: list[Sequence], message: str) -> None:
-        """End these sequences with an error output and empty the pool."""
+        """End these sequences (and those being prefilled) with an error output and empty the pool."""
+        sequences = [*sequences, *(f.seq for f in self._filling)]
+        self._filling = []
         for seq in sequences:
             if not seq.done:
                 seq.finish_reason = "error"

@@ -53,8 +53,11 @@ def alone(model: GPT, prompt: list[int], max_tokens: int, settings: dict) -> lis
 
 
 def prompts(seed: int) -> list[list[int]]:
+    """Random prompts of JOBS' lengths; the last one starts with the third's first 16 tokens (a prefix cache hit)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, len(CHARS), (n,), generator=g).tolist() for n, _, _ in JOBS]
+    rows = [torch.randint(0, len(CHARS), (n,), generator=g).tolist() for n, _, _ in JOBS]
+    rows[5][:16] = rows[2][:16]
+    return rows
 
 
 def serve(engine: Engine, prompts: list[list[int]], tokenizer) -> list[list[int]]:
@@ -84,11 +87,17 @@ def serve(engine: Engine, prompts: list[list[int]], tokenizer) -> list[list[int]
     return got
 
 
+ENGINES = {"plain": {}, "prefix+chunks": dict(prefix_blocks=16, prefill_chunk=5)}
+
+
+@pytest.mark.parametrize("engine_settings", list(ENGINES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_each_sequence_gets_what_it_gets_alone_whatever_is_beside_it(case):
+def test_each_sequence_gets_what_it_gets_alone_whatever_is_beside_it(case, engine_settings):
+    """Plain, and with the prefix cache (the last prompt hits) and prompts prefilled 5 tokens a step between
+    decode steps, where the design's cache allows them."""
     settings = CASES[case]
     model, tokenizer = model_for(settings), CharTokenizer(CHARS)
-    engine = Engine(model, tokenizer, max_batch=4, max_queue=8).start()
+    engine = Engine(model, tokenizer, max_batch=4, max_queue=8, **ENGINES[engine_settings]).start()
     try:
         assert isinstance(engine.pool, SlotPool), "a built-in design's cache kind is pooled"
         rows = prompts(len(case))
@@ -186,6 +195,36 @@ def test_a_multi_turn_chat_reuses_its_earlier_turns_from_the_prefix_cache(case):
         first_turn = 40
         assert engine.prefix.reused >= 0.8 * (looked - first_turn), (engine.prefix.reused, looked)
         assert engine.prefix.hit_rate == engine.prefix.reused / looked
+    finally:
+        engine.stop()
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps():
+    model, tokenizer = model_for({"block_size": 64}, 6), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefill_chunk=8).start()
+    order: list[str] = []  # which sequence each delivered token belongs to, in order
+    done = {name: threading.Event() for name in "ab"}
+    got: dict[str, list[int]] = {"a": [], "b": []}
+
+    def deliver(name: str):
+        def put(output) -> None:
+            order.append(name)
+            got[name].extend([output.token] if output.token is not None else [])
+            if output.finish_reason is not None:
+                done[name].set()
+        return put
+
+    a, b = list(range(3)), [i % len(CHARS) for i in range(7, 55)]  # b: 48 tokens, 6 chunks of 8
+    try:
+        engine.submit([Sequence(a, Sampling(max_tokens=30, temperature=0.0), tokenizer, deliver("a"))])
+        while len(order) < 3:
+            threading.Event().wait(0.01)
+        engine.submit([Sequence(b, Sampling(max_tokens=5, temperature=0.0), tokenizer, deliver("b"))])
+        assert done["a"].wait(60) and done["b"].wait(60)
+        first_b = order.index("b")
+        assert order[3:first_b].count("a") >= 5  # a kept decoding while b's chunks were prefilled
+        assert got["a"] == alone(model, a, 30, {"temperature": 0.0})
+        assert got["b"] == alone(model, b, 5, {"temperature": 0.0})
     finally:
         engine.stop()
 
