@@ -83,9 +83,7 @@ class SlotPool:
         for layer, stores in zip(cache.layers, self.stores):
             for name, axis in KINDS[type(layer)].items():
                 for i, value in enumerate(tensors(getattr(layer, name))):
-                    if name not in stores:
-                        stores[name] = []
-                    if i == len(stores[name]):
+                    if i == len(stores.setdefault(name, [])):
                         stores[name].append(value.new_zeros((self.slots, *value.shape[1:])))
                     target = stores[name][i][row]
                     if axis is None:
