@@ -58,6 +58,7 @@ class SlotPool:
         probe = KVCache(model.config, 1, device)
         self.kinds = [type(layer) for layer in probe.layers]
         self.size, self.slots, self.device = probe.size, slots, device
+        self.ring = probe.window is not None  # the stores are a sliding window's ring
         self.sinks = max((layer.sinks for layer in probe.layers if isinstance(layer, SinkKV)), default=0)
         self.rows: list[Any] = []  # the sequence in each slot in use
         self.stores: list[dict[str, list[Tensor]]] = [{} for _ in self.kinds]  # allocated at the first insert

@@ -28,6 +28,7 @@ from gpt.model import GPT
 from gpt.model.kv_cache import KVCache
 from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
 from gpt.serve.prefix_cache import PrefixCache, cacheable, layer_tensors
+from gpt.serve.speculate import guesses_for, keep, speculable, verify
 from gpt.tokenizers.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
@@ -130,7 +131,7 @@ class Engine:
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 32, max_queue: int = 64,
                  autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model",
-                 prefix_blocks: int = 0, prefill_chunk: int = 0) -> None:
+                 prefix_blocks: int = 0, prefill_chunk: int = 0, speculate: int = 0) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.autocast = max_batch, max_queue, autocast
         self.device = next(model.parameters()).device
@@ -141,6 +142,9 @@ class Engine:
         # tokens of prompts prefilled per step, between decode steps (0: whole prompts); a ring cannot take chunks
         self.prefill_chunk = prefill_chunk if KVCache(model.config, 1, self.device).window is None else 0
         self._filling: list[_Filling] = []  # sequences being prefilled, in order
+        # guesses per prompt-lookup step for a greedy sequence alone in the pool (gpt.serve.speculate); 0: none
+        self.speculate = speculate if isinstance(self.pool, SlotPool) and speculable(self.pool) else 0
+        self.drafted = self.accepted = 0  # guesses verified, and kept
         self.steps = 0  # model calls so far (prefills and decode steps)
         self.tokens = 0  # tokens sampled so far
         self.prompt_tokens = 0  # tokens prefilled so far
@@ -203,7 +207,9 @@ class Engine:
                     "tokens_per_s": sum(n for _, n in recent) / RATE_SECONDS, "steps": self.steps,
                     "refused": self.refused, "prefix_hit_rate": self.prefix.hit_rate if self.prefix else 0.0,
                     "prefix_reused_tokens": self.prefix.reused if self.prefix else 0,
-                    "prefix_blocks": len(self.prefix.blocks) if self.prefix else 0}
+                    "prefix_blocks": len(self.prefix.blocks) if self.prefix else 0,
+                    "speculated": self.drafted, "speculation_accepted": self.accepted,
+                    "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the tokens the waiting sequences may ask for (their max_tokens) at
@@ -255,6 +261,11 @@ class Engine:
                 refill.append(pool.release(row))
         self._filling += [self._begin(seq) for seq in [*reversed(refill), *joined]]
         self._filling = [f for f in self._filling if not f.seq.cancelled]
+        if self.speculate and not self._filling and pool.rows and pool.rows[0].sampling.temperature == 0.0:
+            guesses = guesses_for(pool, pool.rows[0].ids, self.speculate)
+            if guesses:
+                self._speculate(guesses)
+                return
         logits = []
         if pool.rows:
             with self.lock, self.autocast():
@@ -271,6 +282,33 @@ class Engine:
                 self._filling.pop(0)
         if logits:
             self._sample(list(pool.rows), torch.cat(logits)[:, : self.tokenizer.vocab_size])
+
+    def _speculate(self, guesses: list[int]) -> None:
+        """One forward pass checks the guesses; the greedy sequence gets the ones its argmax agrees with and the
+        model's token after them, each delivered as a step would deliver it."""
+        seq = self.pool.rows[0]
+        with self.lock, self.autocast():
+            logits = verify(self.model, self.pool, guesses)
+        self.steps += 1
+        chosen = logits[:, : self.tokenizer.vocab_size].argmax(dim=-1).tolist()
+        kept = 0
+        while kept < len(guesses) and chosen[kept] == guesses[kept]:
+            kept += 1
+        self.drafted, self.accepted = self.drafted + len(guesses), self.accepted + kept
+        keep(self.pool, 1 + len(guesses), 1 + kept)
+        emitted = [*guesses[:kept], chosen[kept]]
+        self.pool.feed(emitted[-1:])
+        outputs = []
+        for token in emitted:
+            if seq.done:
+                break
+            outputs.append(seq.take(token))
+        self._count(len(outputs))
+        if seq.done:
+            self._keep_prefix(0)
+            self.pool.release(0)
+        for output in outputs:
+            seq.deliver(output)
 
     def _begin(self, seq: Sequence) -> _Filling:
         """A sequence to prefill alone (as generate.py does), its context's cached prefix already in its cache."""
@@ -314,12 +352,7 @@ class Engine:
             for i, token in zip(members, drawn.flatten().tolist()):
                 tokens[i] = token
         self.pool.feed(tokens)
-        self.tokens += len(rows)
-        now = time.monotonic()
-        with self._cond:
-            self._recent.append((now, len(rows)))
-            while self._recent and self._recent[0][0] < now - RATE_SECONDS:
-                self._recent.popleft()
+        self._count(len(rows))
         outputs = [(seq, seq.take(token)) for seq, token in zip(rows, tokens) if not seq.cancelled]
         for row in reversed(range(len(rows))):
             if rows[row].done:
@@ -327,6 +360,15 @@ class Engine:
                 self.pool.release(row)
         for seq, output in outputs:
             seq.deliver(output)
+
+    def _count(self, tokens: int) -> None:
+        """Count tokens sampled now (the totals, and the rate /metrics reports)."""
+        self.tokens += tokens
+        now = time.monotonic()
+        with self._cond:
+            self._recent.append((now, tokens))
+            while self._recent and self._recent[0][0] < now - RATE_SECONDS:
+                self._recent.popleft()
 
     def _keep_prefix(self, row: int) -> None:
         """A finished sequence's blocks (its generated tokens too) go to the prefix cache: a chat's next turn repeats

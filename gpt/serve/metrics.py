@@ -24,6 +24,9 @@ FAMILIES = [  # (name, type, help, the key of Engine.metrics())
     ("gpt_serve_prefix_cache_reused_tokens_total", "counter", "Prompt tokens not prefilled: found in the prefix cache.",
      "prefix_reused_tokens"),
     ("gpt_serve_prefix_cache_blocks", "gauge", "Blocks the prefix cache holds.", "prefix_blocks"),
+    ("gpt_serve_speculated_tokens_total", "counter", "Prompt-lookup guesses verified.", "speculated"),
+    ("gpt_serve_speculation_accepted_tokens_total", "counter", "Prompt-lookup guesses kept.", "speculation_accepted"),
+    ("gpt_serve_speculation_acceptance_rate", "gauge", "Guesses kept over guesses verified.", "acceptance_rate"),
 ]
 
 

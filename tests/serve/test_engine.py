@@ -16,6 +16,7 @@ from gpt.model import GPT, GPTConfig
 from gpt.model.kv_cache import KVCache, LayerKV
 from gpt.serve.cache_pool import SlotPool, SoloPool
 from gpt.serve.engine import Engine, Sampling, Sequence
+from gpt.serve.speculate import keep, verify
 from gpt.tokenizers.tokenizer import CharTokenizer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 ():.,=+-*\n")
@@ -245,3 +246,51 @@ def test_the_prefix_cache_evicts_the_least_recently_used_blocks_and_is_off_for_r
         engine.stop()
     assert Engine(model_for({"window": 6}), tokenizer, prefix_blocks=8).prefix is None  # a ring cannot continue
     assert Engine(model_for(CASES["linear:alone"]), tokenizer, prefix_blocks=8).prefix is None  # nor a state
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone", "alibi:alone"])
+def test_prompt_lookup_speculation_keeps_greedy_tokens_in_fewer_model_calls(case):
+    """A greedy sequence alone on repetitive text: the tokens of the loop alone, fewer model calls than tokens, the
+    guesses counted; a sampled one is not speculated."""
+    model, tokenizer = model_for(CASES[case] | {"block_size": 96}, 7), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, speculate=4).start()
+    try:
+        prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 4
+        steps = engine.steps
+        got = run_one(engine, prompt, tokenizer, 50, temperature=0.0)
+        assert got == alone(model, prompt, 50, {"temperature": 0.0})
+        assert engine.accepted > 0 and engine.drafted >= engine.accepted
+        assert engine.steps - steps < 50  # one prefill, then fewer verify steps than tokens
+        assert engine.metrics()["acceptance_rate"] == engine.accepted / engine.drafted
+        drafted = engine.drafted
+        assert run_one(engine, prompt, tokenizer, 20, temperature=0.9, seed=2) == \
+            alone(model, prompt, 20, {"temperature": 0.9, "seed": 2})
+        assert engine.drafted == drafted
+    finally:
+        engine.stop()
+    assert Engine(model_for({"window": 6}), tokenizer, speculate=4).speculate == 0  # a ring cannot take guesses
+
+
+def test_rejected_guesses_are_never_read_again():
+    """verify's logits after the fed token are a one-token step's; after keep, the rejected guesses' columns are
+    masked, so a row joining whose columns wrap round (the step then reads every column) changes nothing."""
+    model = model_for({"block_size": 96}, 8)
+    pool = SlotPool(model, 2, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    a, b = (torch.randint(0, len(CHARS), (n,), generator=g).tolist() for n in (20, 70))
+    mine, theirs = KVCache(model.config, 1, "cpu"), KVCache(model.config, 1, "cpu")
+    for cache in (mine, theirs):
+        prefill(model, torch.tensor([a[:-1]]), torch.arange(19)[None], None, cache)
+    pool.insert("a", theirs, 19, a[-1])
+    logits = verify(model, pool, [1, 2, 3])  # three guesses, all rejected
+    own = decode_step(model, torch.tensor([[a[-1]]]), torch.tensor([[19]]), mine)
+    torch.testing.assert_close(logits[:1], own, atol=1e-4, rtol=1e-4)
+    keep(pool, 4, 1)
+    pool.feed([5])
+    other = KVCache(model.config, 1, "cpu")
+    prefill(model, torch.tensor([b]), torch.arange(70)[None], None, other)
+    pool.insert("b", other, 70, 6)  # 70 tokens before column 20: they wrap round
+    assert pool.span() == (0, 96, False)
+    logits = pool.decode(model)
+    own = decode_step(model, torch.tensor([[5]]), torch.tensor([[20]]), mine)
+    torch.testing.assert_close(logits[:1], own, atol=1e-4, rtol=1e-4)
