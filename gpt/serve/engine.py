@@ -271,10 +271,10 @@ class Engine:
             with self.lock, self.autocast():
                 logits.append(pool.decode(self.model))
             self.steps += 1
-        budget = self.prefill_chunk or block
+        budget = self.prefill_chunk or sum(len(f.context) for f in self._filling)  # 0: every prompt whole
         while self._filling and budget > 0:
             filling = self._filling[0]
-            n = min(budget, len(filling.context) - filling.done) if self.prefill_chunk else len(filling.context)
+            n = min(budget, len(filling.context) - filling.done)
             budget -= n
             done = self._advance(filling, n)
             if done is not None:
