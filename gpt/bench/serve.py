@@ -1,9 +1,13 @@
 """Serving throughput and latency under concurrent clients: python scripts/bench_serve.py [ckpt=<run>]
 
-A load generator bounded in count and time, on the loopback address only: each of N client threads sends streamed
-completions one after another (the openai client's way: POST /v1/completions, stream=true) until it has sent its
-share or the time is up, recording the time to the first token, the whole request's time and the tokens it got.
-The server is scripts/serve.py in a process of its own (so the clients' work does not share its interpreter).
+A load generator bounded in count and time, on the loopback address only: at most N client threads send streamed
+completions (the openai client's way: POST /v1/completions, stream=true), one after another or at the times of a
+Poisson process (``arrival_rate``), with prompt and output lengths drawn from ranges (seeded: every server gets the
+same requests), until all are sent or the time is up, recording each request's time to the first token (TTFT),
+time per output token after it (TPOT) and its tokens. The server is scripts/serve.py in a process of its own (so
+the clients' work does not share its interpreter); ``baseline=<git revision>`` runs that revision's server on the
+same requests in the same run, and the model's own decode loop (bench_decode's "KV cache" way, batch 1) is timed
+beside them, the ceiling one client can approach.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import queue
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -39,16 +46,31 @@ class BenchServeConfig:
     clients: list[int] = field(default_factory=lambda: [1, 4, 16])  # concurrent clients, one level after another
     requests: int = 64  # requests per level (shared by its clients), at most
     seconds: float = 60.0  # and at most this long per level
-    max_tokens: int = 64  # tokens per request (a character model never stops early)
-    prompt: str = "def main():"
+    max_tokens: int = 64  # tokens per request (a character model never stops early), unless output_tokens
+    prompt: str = "def main():"  # every request's prompt, unless prompt_tokens
+    prompt_tokens: Optional[list[int]] = None  # [lo, hi]: random prompts of lo..hi characters instead
+    output_tokens: Optional[list[int]] = None  # [lo, hi]: each request's max_tokens drawn from lo..hi
+    arrival_rate: Optional[float] = None  # requests per second of a Poisson process (None: back to back)
+    seed: int = 0  # of the drawn lengths, prompts and arrival times
+    baseline: Optional[str] = None  # a git revision whose server runs the same requests in the same run
+    chat_turns: int = 0  # > 0: also a multi-turn chat replay (requests // chat_turns conversations, each turn's
+    # prompt the last one's, its answer and a new message), its prefix cache hit rate from /metrics
     repeats: int = 2  # the levels are run this many times, interleaved (1, 4, 16, 1, 4, 16)
     max_batch: int = 32  # the server's
+    threads: Optional[int] = None  # torch's CPU threads in the servers and the decode loop (None: torch's default)
     device: DeviceConfig = field(default_factory=lambda: DeviceConfig("cpu"))  # the server's (device=cuda)
 
     def __post_init__(self) -> None:
         check_positive(self, "requests", "seconds", "max_tokens", "repeats", "max_batch")
+        check_positive(self, "arrival_rate", "threads", optional=True)
+        if self.chat_turns < 0:
+            raise ConfigError(f"chat_turns must be 0 (no chat replay) or more, got {self.chat_turns}")
         if not self.clients or any(c < 1 for c in self.clients):
             raise ConfigError(f"clients must be positive counts, got {self.clients}")
+        for name in ("prompt_tokens", "output_tokens"):
+            span = getattr(self, name)
+            if span is not None and (len(span) != 2 or not 1 <= span[0] <= span[1]):
+                raise ConfigError(f"{name} must be [lo, hi] with 1 <= lo <= hi, got {span}")
 
 
 @dataclass
@@ -60,6 +82,14 @@ class Result:
     end: float | None = None
     tokens: int = 0
     error: str | None = None
+    text: str = ""
+
+    @property
+    def per_token(self) -> float | None:
+        """Seconds per output token after the first (TPOT); None with fewer than two tokens."""
+        if self.first is None or self.end is None or self.tokens < 2:
+            return None
+        return (self.end - self.first) / (self.tokens - 1)
 
 
 def stream_completion(url: str, body: dict, api_key: str | None = None, timeout: float = 120) -> Result:
@@ -85,8 +115,9 @@ def stream_completion(url: str, body: dict, api_key: str | None = None, timeout:
                 result.error = chunk["error"]["message"]
             elif chunk.get("usage"):
                 result.tokens = chunk["usage"]["completion_tokens"]
-            elif result.first is None:
-                result.first = time.perf_counter()
+            else:
+                result.first = result.first or time.perf_counter()
+                result.text += "".join(choice.get("text", "") for choice in chunk.get("choices", []))
         result.end = time.perf_counter()
     except (OSError, http.client.HTTPException, ValueError) as err:
         result.error = f"{type(err).__name__}: {err}"
@@ -96,25 +127,34 @@ def stream_completion(url: str, body: dict, api_key: str | None = None, timeout:
 
 
 def load(url: str, model: str, clients: int, requests: int, seconds: float, body: dict,
-         api_key: str | None = None) -> list[Result]:
-    """``clients`` threads sending ``requests`` streamed completions between them, none started after ``seconds``."""
+         api_key: str | None = None, bodies: list[dict] | None = None,
+         arrivals: list[float] | None = None) -> list[Result]:
+    """At most ``clients`` threads sending ``requests`` streamed completions between them, none started after
+    ``seconds``: request i is ``bodies[i]`` (else ``body``) with seed i + 1, sent at ``arrivals[i]`` seconds after
+    the start (else as soon as a client is free)."""
     results: list[Result] = []
     lock = threading.Lock()
-    deadline = time.perf_counter() + seconds
-    sent = [0]
+    begin = time.perf_counter()
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(requests):
+        todo.put(i)
 
-    def client(k: int) -> None:
-        while time.perf_counter() < deadline:
-            with lock:
-                if sent[0] >= requests:
-                    return
-                sent[0] += 1
-                seed = sent[0]
-            result = stream_completion(url, {**body, "model": model, "seed": seed}, api_key)
+    def client() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            if arrivals is not None:
+                time.sleep(max(0.0, begin + arrivals[i] - time.perf_counter()))
+            if time.perf_counter() > begin + seconds:
+                return
+            request = {**(bodies[i] if bodies else body), "model": model, "seed": i + 1}
+            result = stream_completion(url, request, api_key)
             with lock:
                 results.append(result)
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -122,17 +162,107 @@ def load(url: str, model: str, clients: int, requests: int, seconds: float, body
     return results
 
 
+def chat_replay(url: str, model: str, clients: int, conversations: int, turns: int, seed: int) -> list[Result]:
+    """``conversations`` chats of ``turns`` turns, ``clients`` at a time, as a chat front end resends the whole
+    conversation: one 64-character system prompt shared by every chat and a 4-character first message, then each
+    turn the last prompt, its answer (12 tokens) and a new 4-character message (4 turns fit a 128-token context)."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz "
+    words = lambda n: "".join(rng.choice(letters) for _ in range(n))  # noqa: E731
+    system = words(64)
+    plans = [(system + words(4), [words(4) for _ in range(turns)]) for _ in range(conversations)]
+    results: list[Result] = []
+    lock = threading.Lock()
+    todo: queue.Queue[int] = queue.Queue()
+    for c in range(conversations):
+        todo.put(c)
+
+    def client() -> None:
+        while True:
+            try:
+                c = todo.get_nowait()
+            except queue.Empty:
+                return
+            prompt, messages = plans[c]
+            for turn in range(turns):
+                result = stream_completion(url, {"model": model, "prompt": prompt, "max_tokens": 12,
+                                                 "temperature": 0.8, "seed": c * turns + turn + 1})
+                with lock:
+                    results.append(result)
+                prompt += result.text + messages[turn]
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def prefix_counters(url: str, model: str) -> tuple[float, float] | None:
+    """(prompt tokens prefilled or found, prompt tokens found in the prefix cache) from /metrics; None where the
+    server has no /metrics (an older revision)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except (OSError, ValueError):
+        return None
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("gpt_serve_prompt_tokens_total{", "gpt_serve_prefix_cache_reused_tokens_total{")) \
+                and f'model="{model}"' in line:
+            values[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
+    return values.get("gpt_serve_prompt_tokens_total", 0.0), values.get("gpt_serve_prefix_cache_reused_tokens_total",
+                                                                        0.0)
+
+
+def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | None) -> str:
+    """The share of a level's prompt tokens found in the prefix cache, from /metrics before and after it."""
+    if before is None or after is None or after[0] == before[0]:
+        return "n/a"
+    return f"{(after[1] - before[1]) / (after[0] - before[0]):.0%}"
+
+
+def workload(cfg: BenchServeConfig, vocabulary: str, seed: int) -> tuple[list[dict], list[float] | None]:
+    """Each request's body (its prompt and max_tokens drawn from the ranges) and arrival time, drawn from seed."""
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(cfg.requests):
+        prompt = cfg.prompt
+        if cfg.prompt_tokens:
+            prompt = "".join(rng.choice(vocabulary) for _ in range(rng.randint(*cfg.prompt_tokens)))
+        tokens = rng.randint(*cfg.output_tokens) if cfg.output_tokens else cfg.max_tokens
+        bodies.append({"prompt": prompt, "max_tokens": tokens, "temperature": 0.8})
+    if cfg.arrival_rate is None:
+        return bodies, None
+    arrivals, t = [], 0.0
+    for _ in range(cfg.requests):
+        t += rng.expovariate(cfg.arrival_rate)
+        arrivals.append(t)
+    return bodies, arrivals
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th quantile (nearest rank) of values; NaN when there are none."""
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
 def summary(results: list[Result]) -> dict[str, float]:
-    """Tokens per second over the level's wall time, failures, median and 90th-percentile latencies."""
+    """Tokens per second over the level's wall time, failures, latency, TTFT and TPOT quantiles."""
     done = [r for r in results if r.error is None and r.end is not None]
     wall = max((r.end for r in done), default=0) - min((r.start for r in results), default=0)
-    latency = sorted(r.end - r.start for r in done)
-    first = sorted(r.first - r.start for r in done if r.first is not None)
-    pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")  # noqa: E731
+    latency = [r.end - r.start for r in done]
+    first = [r.first - r.start for r in done if r.first is not None]
+    per_token = [r.per_token for r in done if r.per_token is not None]
     return {"requests": len(results), "failed": len(results) - len(done), "tokens": sum(r.tokens for r in done),
             "tokens_per_s": sum(r.tokens for r in done) / wall if wall > 0 else 0.0,
-            "latency_p50": statistics.median(latency) if latency else float("nan"), "latency_p90": pct(latency, 0.9),
-            "first_token_p50": statistics.median(first) if first else float("nan")}
+            "latency_p50": statistics.median(latency) if latency else float("nan"),
+            "latency_p90": percentile(latency, 0.9),
+            "first_token_p50": statistics.median(first) if first else float("nan"),
+            "first_token_p99": percentile(first, 0.99),
+            "per_token_p50": statistics.median(per_token) if per_token else float("nan"),
+            "per_token_p99": percentile(per_token, 0.99)}
 
 
 def describe(device: str) -> str:
@@ -150,11 +280,13 @@ def uptime() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def start_server(ckpt: str, max_batch: int, device: str = "cpu") -> tuple[subprocess.Popen, str]:
-    """scripts/serve.py on a free loopback port, in its own process; its process and URL once it listens."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), f"ckpt={ckpt}", "port=0",
+def start_server(ckpt: str, max_batch: int, device: str = "cpu", root: Path = ROOT,
+                 threads: int | None = None) -> tuple[subprocess.Popen, str]:
+    """scripts/serve.py of the project at ``root`` on a free loopback port, in its own process (``threads``: torch's
+    CPU threads there, OMP_NUM_THREADS); its process and URL once it listens."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    process = subprocess.Popen([sys.executable, str(root / "scripts" / "serve.py"), f"ckpt={ckpt}", "port=0",
                                 f"max_batch={max_batch}", "log_requests=false", f"device={device}"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
@@ -184,31 +316,100 @@ def random_checkpoint(model: ModelConfig, folder: Path) -> str:
     return str(path)
 
 
+def checkout(revision: str, folder: Path) -> Path:
+    """The project's gpt/, scripts/ and configs/ at a git revision, unpacked into folder (git archive)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision, "gpt", "scripts",
+                              "configs"], capture_output=True)
+    if archive.returncode != 0:
+        raise UserError(f"baseline={revision}: git cannot read it ({archive.stderr.decode().strip()[:200]})",
+                        hint="give a commit, a branch or a tag of this repository")
+    folder.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+def decode_speed(ckpt: str, device: str, tokens: int, threads: int | None = None) -> float:
+    """Tokens per second of the model's own decode loop, one sequence (bench_decode's "KV cache" way, greedy) after
+    an 11-token prompt: the ceiling of one client's speed through the server."""
+    import torch
+
+    from gpt.inference.decoding import generate
+    from gpt.weights.load import load as load_model
+
+    model = load_model(ckpt, torch.device(device)).model
+    if threads:
+        torch.set_num_threads(threads)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 11), device=device)
+    generate(model, prompt, 8, temperature=0.0)  # warm up
+    start = time.perf_counter()
+    generate(model, prompt, tokens, temperature=0.0)
+    return tokens / (time.perf_counter() - start)
+
+
+LEVEL_COLUMNS = ["engine", "clients", "run", "requests", "failed", "tokens", "tokens/s", "TTFT p50 ms",
+                 "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "prefix hit rate", "load average before / after"]
+
+
+def level_row(engine: str, clients: int, repeat: int, s: dict, before: str, hits: str) -> list:
+    return [engine, clients, repeat, s["requests"], s["failed"], s["tokens"], f"{s['tokens_per_s']:,.0f}",
+            f"{s['first_token_p50'] * 1e3:.0f}", f"{s['first_token_p99'] * 1e3:.0f}",
+            f"{s['per_token_p50'] * 1e3:.1f}", f"{s['per_token_p99'] * 1e3:.1f}", hits, f"{before} / {uptime()}"]
+
+
 def run(cfg: BenchServeConfig) -> str:
-    """Start the server, run every level cfg.repeats times (interleaved), return the report as markdown."""
+    """Start the server (and the baseline's), run every level cfg.repeats times (interleaved, the servers taking
+    turns), time the model's own decode loop each time round; return the report as markdown."""
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = cfg.ckpt or random_checkpoint(cfg.model, Path(tmp))
-        process, url = start_server(ckpt, cfg.max_batch, cfg.device.type)
+        ckpt = (cfg.ckpt or random_checkpoint(cfg.model, Path(tmp))).rstrip("/")
+        roots = {"this": ROOT} | ({cfg.baseline: checkout(cfg.baseline, Path(tmp) / "baseline")}
+                                  if cfg.baseline else {})
+        servers = {name: start_server(ckpt, cfg.max_batch, cfg.device.type, root, cfg.threads)
+                   for name, root in roots.items()}
+        vocabulary = "".join(chr(c) for c in range(97, 123)) + " ():=\n"
+        bodies, arrivals = workload(cfg, vocabulary, cfg.seed)
         try:
-            rows, best = [], {}
-            body = {"prompt": cfg.prompt, "max_tokens": cfg.max_tokens, "temperature": 0.8}
-            stream_completion(url, {**body, "model": ckpt.rstrip("/"), "max_tokens": 2})  # warm up
+            rows, best, ceiling = [], {}, []
+            for _, url in servers.values():
+                stream_completion(url, {**bodies[0], "model": ckpt, "max_tokens": 2})  # warm up
             for repeat in range(cfg.repeats):
-                for clients in cfg.clients:
-                    before = uptime()
-                    s = summary(load(url, ckpt.rstrip("/"), clients, cfg.requests, cfg.seconds, body))
-                    best[clients] = max(best.get(clients, 0.0), s["tokens_per_s"])
-                    rows.append([clients, repeat + 1, s["requests"], s["failed"], s["tokens"],
-                                 f"{s['tokens_per_s']:,.0f}", f"{s['latency_p50']:.2f}", f"{s['latency_p90']:.2f}",
-                                 f"{s['first_token_p50'] * 1e3:.0f}", f"{before} / {uptime()}"])
+                ceiling.append(decode_speed(ckpt, cfg.device.type, max(b["max_tokens"] for b in bodies), cfg.threads))
+                for level, clients in enumerate(cfg.clients):  # new prompts each level, the same for every server
+                    bodies, arrivals = workload(cfg, vocabulary, cfg.seed + 1 + repeat * len(cfg.clients) + level)
+                    for name, (_, url) in servers.items():
+                        before, counters = uptime(), prefix_counters(url, ckpt)
+                        s = summary(load(url, ckpt, clients, cfg.requests, cfg.seconds, {}, None, bodies, arrivals))
+                        best[name, clients] = max(best.get((name, clients), 0.0), s["tokens_per_s"])
+                        rows.append(level_row(name, clients, repeat + 1, s, before,
+                                              hit_rate(counters, prefix_counters(url, ckpt))))
+                for name, (_, url) in servers.items() if cfg.chat_turns else ():
+                    before, counters = uptime(), prefix_counters(url, ckpt)
+                    s = summary(chat_replay(url, ckpt, max(cfg.clients), max(1, cfg.requests // cfg.chat_turns),
+                                            cfg.chat_turns, cfg.seed + repeat))
+                    rows.append(level_row(f"{name}, chat replay", max(cfg.clients), repeat + 1, s, before,
+                                          hit_rate(counters, prefix_counters(url, ckpt))))
         finally:
-            process.terminate()
-            process.wait(timeout=30)
-    one = best.get(min(cfg.clients), 0.0)
-    ratios = ", ".join(f"{c} clients {best[c] / one:.1f}x" for c in cfg.clients if one)
-    header = (f"serving benchmark: {cfg.ckpt or 'random weights'}, {cfg.max_tokens} tokens per request, "
-              f"max_batch {cfg.max_batch}, {describe(cfg.device.type)}; best tokens/s relative to "
-              f"{min(cfg.clients)} client(s): {ratios}")
-    table = markdown_table(["clients", "run", "requests", "failed", "tokens", "tokens/s", "latency p50 s",
-                            "latency p90 s", "first token p50 ms", "load average before / after"], rows)
-    return header + "\n\n" + table
+            for process, _ in servers.values():
+                process.terminate()
+                process.wait(timeout=30)
+    return report(cfg, rows, best, ceiling)
+
+
+def report(cfg: BenchServeConfig, rows: list, best: dict, ceiling: list[float]) -> str:
+    """The header (what ran, the ratios that matter) and the table."""
+    lengths = (f"prompts of {cfg.prompt_tokens[0]}-{cfg.prompt_tokens[1]} characters" if cfg.prompt_tokens
+               else f"prompt {cfg.prompt!r}")
+    outputs = (f"{cfg.output_tokens[0]}-{cfg.output_tokens[1]}" if cfg.output_tokens else str(cfg.max_tokens))
+    arrivals = f"Poisson arrivals at {cfg.arrival_rate:g}/s" if cfg.arrival_rate else "requests back to back"
+    lines = [f"serving benchmark: {cfg.ckpt or 'random weights'}, {lengths}, {outputs} tokens per request, {arrivals},"
+             f" max_batch {cfg.max_batch}, {describe(cfg.device.type)}"
+             + (f", {cfg.threads} torch thread(s) each" if cfg.threads else ""),
+             f"the model's own decode loop (one sequence): {statistics.median(ceiling):,.0f} tokens/s (median of "
+             f"{', '.join(f'{c:,.0f}' for c in ceiling)})"]
+    one = min(cfg.clients)
+    lines.append(f"best tokens/s with {one} client(s) against the decode loop: " + ", ".join(
+        f"{name} {best[name, one] / statistics.median(ceiling):.0%}" for name, c in best if c == one))
+    if cfg.baseline:
+        lines.append(f"best tokens/s, this engine against {cfg.baseline}'s: " + ", ".join(
+            f"{c} clients {best['this', c] / best[cfg.baseline, c]:.2f}x"
+            for c in cfg.clients if best[cfg.baseline, c]))
+    return "\n".join(lines) + "\n\n" + markdown_table(LEVEL_COLUMNS, rows)

@@ -2,9 +2,9 @@
 events), /health, the page's /api/ calls, and the page itself (static files, no build step).
 
 Every refusal is OpenAI's error body with a clear message (400 for a bad request, 401 for a missing or wrong key,
-404 for an unknown model, 413 for an oversized body, 503 when the queue is full); an unexpected failure is a 500
-whose traceback goes to the server's log, never to the client. A client that goes away has its sequences dropped
-from the batch at the next step.
+404 for an unknown model, 413 for an oversized body, 503 with Retry-After when the queue is full); an unexpected
+failure is a 500 whose traceback goes to the server's log, never to the client. A client that goes away gives its
+cache slots back before the next step. /metrics answers in Prometheus' text format (gpt.serve.metrics).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from gpt.inference.chat_template import Renderer
-from gpt.serve import attention, protocol
+from gpt.serve import attention, metrics, protocol
 from gpt.serve.engine import Output, QueueFull, Sequence
 from gpt.serve.models import Served, chat_prompt, completion_prompts, samplings
 from gpt.serve.protocol import APIError
@@ -59,8 +59,9 @@ class Job:
         try:
             served.engine.submit(self.sequences)
         except QueueFull as err:
-            raise APIError(503, f"the server is busy: {err}; retry shortly", code="server_busy",
-                           kind="server_error") from None
+            seconds = served.engine.retry_after()
+            raise APIError(503, f"the server is busy: {err}; retry in {seconds} s", code="server_busy",
+                           kind="server_error", headers={"Retry-After": str(seconds)}) from None
 
     async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
         """(sequence index, output) as the engine produces them, until every sequence has ended."""
@@ -197,6 +198,11 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
     async def health() -> dict:
         return {"status": "ok", "models": {name: s.engine.load() for name, s in models.items()}}
 
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render({name: s.engine.metrics() for name, s in models.items()}),
+                                 media_type=metrics.CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [protocol.model_card(s.name, s.created) for s in models.values()]}
@@ -233,7 +239,7 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
 def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:

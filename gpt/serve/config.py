@@ -27,6 +27,9 @@ class ServeConfig(ScriptConfig):
     max_body_bytes: int = 1048576  # a larger request body gets 413
     max_batch: int = 32  # sequences decoded together per model
     max_queue: int = 256  # sequences waiting for a place in the batch, per model; more get 503
+    prefix_cache_blocks: int = 1024  # blocks of 16 prompt tokens whose keys and values are kept for reuse; 0: none
+    prefill_chunk: int = 256  # prompt tokens prefilled between two decode steps (a longer prompt takes several); 0: all
+    speculate: int = 0  # prompt-lookup guesses per step for a greedy sequence decoded alone; 0: no speculation
     log_requests: bool = True  # one access-log line per request
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: Optional[AttentionConfig] = None  # attention=<kernel>: serve the weights with it (None: as trained)
@@ -35,6 +38,12 @@ class ServeConfig(ScriptConfig):
     def __post_init__(self) -> None:
         check_positive(self, "max_tokens", "max_body_bytes", "max_batch", "max_queue")
         check_positive(self, "max_prompt_tokens", optional=True)
+        if isinstance(self.speculate, bool) or self.speculate < 0:
+            raise ConfigError(f"speculate must be 0 (none) or more guesses per step, got {self.speculate}")
+        if isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 0:
+            raise ConfigError(f"prefill_chunk must be 0 (whole prompts) or more, got {self.prefill_chunk}")
+        if isinstance(self.prefix_cache_blocks, bool) or self.prefix_cache_blocks < 0:
+            raise ConfigError(f"prefix_cache_blocks must be 0 (none) or more, got {self.prefix_cache_blocks}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be between 0 and 65535, got {self.port}")
         if self.precision not in PRECISIONS:

@@ -1,17 +1,18 @@
-"""Batched decoding for the server: the sequences of every request to one model share one batch and one KV cache.
+"""Batched decoding for the server: the sequences of every request to one model share one decode step.
 
-A thread per model runs the loop of gpt.inference.decoding.stream (left padding, prefill, one decode_step per token, the
-context sliding by half past block_size), with what a server adds: sequences join and leave between steps, and each
-samples with its own settings and its own torch.Generator (gpt.inference.sampling.sample_next on its row), so a request
-gets the text it would get alone, the text scripts/generate.py prints for the same seed and settings. A sequence that
-joins, or a context that slides, rebuilds the batch's cache with one prefill of every row's context (what stream does
-after a slide); finished rows are dropped at the next rebuild, or once they are half the batch.
+A thread per model runs the loop of gpt.inference.decoding.stream (prefill, one decode_step per token, the context
+sliding by half past block_size) over the slots of a cache pool (gpt.serve.cache_pool): a joining sequence is prefilled
+alone into a free slot, every step then decodes all slots in use at once, a finished or cancelled one gives its slot
+back at once; nothing is rebuilt. Each samples with its own settings and its own torch.Generator
+(gpt.inference.sampling.sample_rows), so a request gets the text it would get alone, the text scripts/generate.py
+prints for the same seed and settings. A context that slides is prefilled again alone, as stream does.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -20,15 +21,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gpt.errors import UserError
-from gpt.inference.decoding import decode_step, left_pad, prefill, slide
+from gpt.inference.decoding import left_pad, prefill
 from gpt.inference.sampling import sample_rows
 from gpt.inference.text import TextStream
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache
+from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
+from gpt.serve.prefix_cache import PrefixCache, cacheable, layer_tensors
+from gpt.serve.speculate import guesses_for, keep, speculable, verify
 from gpt.tokenizers.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
+RATE_SECONDS = 10.0  # the window /metrics' tokens per second is measured over
 
 
 @dataclass(frozen=True)
@@ -107,37 +111,47 @@ class Sequence:
         return Output(text, None if token in self.sampling.stop_tokens else token, self.finish_reason)
 
 
+@dataclass
+class _Filling:
+    """A sequence being prefilled: its one-row cache, its context, and how many of its tokens the cache holds."""
+
+    seq: Sequence
+    cache: KVCache
+    context: list[int]
+    done: int
+
+
 class QueueFull(Exception):
     """The engine's queue holds max_queue sequences already."""
 
 
-def can_pad(model: GPT) -> bool:
-    """Whether the model decodes prompts of different lengths in one batch (left padding): a design may refuse."""
-    device = next(model.parameters()).device
-    idx, key_mask, positions = left_pad([[0], [0, 0]], device)
-    try:
-        prefill(model, idx, positions, key_mask, KVCache(model.config, 2, device))
-    except UserError:
-        return False
-    return True
-
-
 class Engine:
-    """Decodes the sequences submitted for one model, as many at once as max_batch, on a thread of its own."""
+    """Decodes the sequences submitted for one model, as many at once as max_batch (the pool's slots), on a thread of
+    its own."""
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 32, max_queue: int = 64,
-                 autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model") -> None:
+                 autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model",
+                 prefix_blocks: int = 0, prefill_chunk: int = 0, speculate: int = 0) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.autocast = max_batch, max_queue, autocast
         self.device = next(model.parameters()).device
         self.lock = threading.Lock()  # one forward pass of the model at a time (attention pictures take it too)
-        self.pads = can_pad(model)
+        self.pool = (SlotPool if pooled(model) else SoloPool)(model, max_batch, self.device)
+        cacheable_ = isinstance(self.pool, SlotPool) and cacheable(KVCache(model.config, 1, self.device))
+        self.prefix = PrefixCache(prefix_blocks) if prefix_blocks and cacheable_ else None  # None: no prefix cache
+        # tokens of prompts prefilled per step, between decode steps (0: whole prompts); a ring cannot take chunks
+        self.prefill_chunk = prefill_chunk if KVCache(model.config, 1, self.device).window is None else 0
+        self._filling: list[_Filling] = []  # sequences being prefilled, in order
+        # guesses per prompt-lookup step for a greedy sequence alone in the pool (gpt.serve.speculate); 0: none
+        self.speculate = speculate if isinstance(self.pool, SlotPool) and speculable(self.pool) else 0
+        self.drafted = self.accepted = 0  # guesses verified, and kept
         self.steps = 0  # model calls so far (prefills and decode steps)
+        self.tokens = 0  # tokens sampled so far
+        self.prompt_tokens = 0  # tokens prefilled so far
+        self.refused = 0  # sequences refused with QueueFull
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the steps of the last RATE_SECONDS
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
-        self._rows: list[Sequence] = []  # the batch, in the order of the cache's rows
-        self._cache: KVCache | None = None
-        self._positions = self._next = torch.empty(0, dtype=torch.long)  # (B, 1) each: the last position, token
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=f"engine {name}", daemon=True)
 
@@ -162,26 +176,52 @@ class Engine:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             if len(self._waiting) + len(sequences) > self.max_queue:
+                self.refused += len(sequences)
                 raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.max_queue})")
             self._waiting.extend(sequences)
             self._cond.notify()
 
     def cancel(self, sequences: list[Sequence]) -> None:
-        """Stop decoding these sequences (their client went away); they leave the batch at the next step."""
-        for seq in sequences:
-            seq.cancelled = True
+        """Stop decoding these sequences (their client went away); their slots are given back before the next step."""
+        with self._cond:
+            for seq in sequences:
+                seq.cancelled = True
+            self._cond.notify()
 
     def load(self) -> dict[str, int]:
-        """How many sequences wait for a place in the batch, how many are being decoded, and the model calls so far
-        (fewer calls than tokens served is batching at work)."""
+        """How many sequences wait for a slot, how many are being decoded, and the model calls so far (fewer calls
+        than tokens served is batching at work)."""
         with self._cond:
             return {"waiting": sum(not s.cancelled for s in self._waiting),
-                    "decoding": sum(not s.done for s in self._rows), "steps": self.steps}
+                    "decoding": sum(not s.done for s in self.pool.rows) + len(self._filling), "steps": self.steps}
+
+    def metrics(self) -> dict[str, float]:
+        """load() and what /metrics reports besides: slots, tokens and their rate, prompt tokens, refusals."""
+        now = time.monotonic()
+        with self._cond:
+            recent = [(t, n) for t, n in self._recent if t > now - RATE_SECONDS]
+            return {"waiting": sum(not s.cancelled for s in self._waiting),
+                    "running": sum(not s.done for s in self.pool.rows) + len(self._filling),
+                    "slots_used": len(self.pool.rows) + len(self._filling),
+                    "slots": self.pool.slots, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+                    "tokens_per_s": sum(n for _, n in recent) / RATE_SECONDS, "steps": self.steps,
+                    "refused": self.refused, "prefix_hit_rate": self.prefix.hit_rate if self.prefix else 0.0,
+                    "prefix_reused_tokens": self.prefix.reused if self.prefix else 0,
+                    "prefix_blocks": len(self.prefix.blocks) if self.prefix else 0,
+                    "speculated": self.drafted, "speculation_accepted": self.accepted,
+                    "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the tokens the waiting sequences may ask for (their max_tokens) at
+        the recent tokens per second, between 1 and 60."""
+        with self._cond:
+            wanted = sum(s.sampling.max_tokens for s in self._waiting if not s.cancelled)
+        return max(1, min(60, round(wanted / max(self.metrics()["tokens_per_s"], 1.0))))
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._waiting and not any(not s.done for s in self._rows):
+                while not self._stopping and not self._waiting and not self.pool.rows and not self._filling:
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -190,83 +230,161 @@ class Engine:
                 self._step(joined)
             except Exception as err:  # a bug or a model that cannot run this batch: fail its sequences, go on serving
                 log.exception("decoding step failed")
-                self._fail(self._rows, f"decoding failed: {type(err).__name__}: {err}")
+                self._fail([*self.pool.rows, *joined], f"decoding failed: {type(err).__name__}: {err}")
         with self._cond:
-            self._fail([*self._rows, *self._waiting], "the server is shutting down")
+            self._fail([*self.pool.rows, *self._waiting], "the server is shutting down")
             self._waiting.clear()
 
-    def _admit(self) -> bool:
-        """Move waiting sequences into the batch while there is room (called holding the condition's lock).
-
-        A model that cannot left-pad takes a sequence only when its context is as long as the batch's."""
-        live = [s for s in self._rows if not s.done]
-        joined = False
-        while self._waiting and len(live) < self.max_batch:
-            seq = self._waiting[0]
-            if not seq.cancelled and not self.pads and live and len(seq.ids) != len(live[0].ids) - live[0].start:
-                break
-            self._waiting.popleft()
+    def _admit(self) -> list[Sequence]:
+        """Take waiting sequences while the pool has free slots (called holding the condition's lock); slots of
+        finished or cancelled sequences are given back first."""
+        for row in reversed(range(len(self.pool.rows))):
+            if self.pool.rows[row].done:
+                self.pool.release(row)
+        joined: list[Sequence] = []
+        while self._waiting and len(joined) < self.pool.free - len(self._filling):
+            seq = self._waiting.popleft()
             if not seq.cancelled:
-                self._rows.append(seq)
-                live.append(seq)
-                joined = True
+                joined.append(seq)
         return joined
 
-    def _step(self, joined: bool) -> None:
-        """One model call for the batch (a prefill when its rows changed or a context slid, else a decode step),
-        then one token for each live row."""
-        rows = self._rows
-        starts = [s.start for s in rows]
-        slid = slide([s.ids for s in rows], starts, self.model.config.block_size)
-        for seq, start in zip(rows, starts):
-            seq.start = start
-        dead = sum(s.done for s in rows)
-        # a finished row stops growing, so it never slides: a full cache (its context the longest) rebuilds too
-        full = self._cache is not None and self._cache.length >= self.model.config.block_size
-        if self._cache is None or joined or slid or full or 2 * dead >= len(rows):
-            self._rows = rows = [s for s in rows if not s.done]
-            if not rows:
-                self._cache = None
+    def _step(self, joined: list[Sequence]) -> None:
+        """One decode step for the slots in use, then prefills (of sequences joining or whose context slides) up to
+        prefill_chunk tokens, so a long prompt does not stall the others; one token for each row decoded and each
+        prefill completed."""
+        pool, block = self.pool, self.model.config.block_size
+        refill = []
+        for row in reversed(range(len(pool.rows))):
+            seq = pool.rows[row]
+            if len(seq.ids) - seq.start > block:  # stream's slide: its last block_size // 2 tokens, prefilled again
+                seq.start = len(seq.ids) - block // 2
+                refill.append(pool.release(row))
+        self._filling += [self._begin(seq) for seq in [*reversed(refill), *joined]]
+        self._filling = [f for f in self._filling if not f.seq.cancelled]
+        if self.speculate and not self._filling and pool.rows and pool.rows[0].sampling.temperature == 0.0:
+            guesses = guesses_for(pool, pool.rows[0].ids, self.speculate)
+            if guesses:
+                self._speculate(guesses)
                 return
-            logits = self._prefill(rows)
-        else:
-            self._positions = self._positions + 1
+        logits = []
+        if pool.rows:
             with self.lock, self.autocast():
-                logits = decode_step(self.model, self._next, self._positions, self._cache)
-        self.steps += 1
-        self._sample(rows, logits[:, : self.tokenizer.vocab_size])
+                logits.append(pool.decode(self.model))
+            self.steps += 1
+        budget = self.prefill_chunk or sum(len(f.context) for f in self._filling)  # 0: every prompt whole
+        while self._filling and budget > 0:
+            filling = self._filling[0]
+            n = min(budget, len(filling.context) - filling.done)
+            budget -= n
+            done = self._advance(filling, n)
+            if done is not None:
+                logits.append(done)
+                self._filling.pop(0)
+        if logits:
+            self._sample(list(pool.rows), torch.cat(logits)[:, : self.tokenizer.vocab_size])
 
-    def _prefill(self, rows: list[Sequence]) -> Tensor:
-        """A new cache holding every row's context (left-padded); the next token's logits (B, vocab)."""
-        idx, key_mask, positions = left_pad([s.ids[s.start:] for s in rows], self.device)
-        self._cache = KVCache(self.model.config, len(rows), self.device)
+    def _speculate(self, guesses: list[int]) -> None:
+        """One forward pass checks the guesses; the greedy sequence gets the ones its argmax agrees with and the
+        model's token after them, each delivered as a step would deliver it."""
+        seq = self.pool.rows[0]
         with self.lock, self.autocast():
-            logits = prefill(self.model, idx, positions, key_mask, self._cache)
-        self._positions = positions[:, -1:]
+            logits = verify(self.model, self.pool, guesses)
+        self.steps += 1
+        chosen = logits[:, : self.tokenizer.vocab_size].argmax(dim=-1).tolist()
+        kept = 0
+        while kept < len(guesses) and chosen[kept] == guesses[kept]:
+            kept += 1
+        self.drafted, self.accepted = self.drafted + len(guesses), self.accepted + kept
+        keep(self.pool, 1 + len(guesses), 1 + kept)
+        emitted = [*guesses[:kept], chosen[kept]]
+        self.pool.feed(emitted[-1:])
+        outputs = []
+        for token in emitted:
+            if seq.done:
+                break
+            outputs.append(seq.take(token))
+        self._count(len(outputs))
+        if seq.done:
+            self._keep_prefix(0)
+            self.pool.release(0)
+        for output in outputs:
+            seq.deliver(output)
+
+    def _begin(self, seq: Sequence) -> _Filling:
+        """A sequence to prefill alone (as generate.py does), its context's cached prefix already in its cache."""
+        context = seq.ids[seq.start:]
+        cache = KVCache(self.model.config, 1, self.device)
+        cached = 0
+        if self.prefix is not None and seq.start == 0:  # a slid context's positions no longer match a prompt's
+            cached, blocks = self.prefix.lookup(context)
+            if cached:
+                self.prefix.fill(cache, blocks)
+        self.prompt_tokens += len(context)
+        return _Filling(seq, cache, context, cached)
+
+    def _advance(self, filling: _Filling, n: int) -> Tensor | None:
+        """Prefill the next n tokens of a context (all that remain without chunks); once it is complete, its cache goes
+        to a free slot and its next token's logits (1, vocab) are returned."""
+        idx, _, positions = left_pad([filling.context], self.device)
+        end = min(filling.done + n, len(filling.context))
+        with self.lock, self.autocast():
+            logits = prefill(self.model, idx[:, filling.done:end], positions[:, filling.done:end], None,
+                             filling.cache)
+        self.steps += 1
+        filling.done = end
+        if end < len(filling.context):
+            return None
+        if self.prefix is not None and filling.seq.start == 0:
+            self.prefix.store(filling.context, layer_tensors(filling.cache))
+        self.pool.insert(filling.seq, filling.cache, end, filling.context[-1])
         return logits
 
     def _sample(self, rows: list[Sequence], logits: Tensor) -> None:
-        """Each live row's next token from its logits (B, vocab) and its own generator, rows with the same settings
-        drawn together (gpt.inference.sampling.sample_rows); the outputs delivered."""
+        """Each row's next token from its logits (B, vocab) and its own generator, rows with the same settings drawn
+        together (gpt.inference.sampling.sample_rows); the outputs delivered, finished rows' slots given back."""
         groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(rows):
-            if not seq.done:  # a finished row stays until the next rebuild; what it is fed does not matter
-                s = seq.sampling
-                groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
-        tokens = [seq.ids[-1] for seq in rows]
+            s = seq.sampling
+            groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+        tokens = [0] * len(rows)
         for (temperature, top_k, top_p), members in groups.items():
             drawn = sample_rows(logits[members], temperature, top_k, top_p, [rows[i].generator for i in members])
             for i, token in zip(members, drawn.flatten().tolist()):
                 tokens[i] = token
-        self._next = torch.tensor(tokens, device=self.device).view(-1, 1)
-        outputs = [(rows[i], rows[i].take(tokens[i])) for members in groups.values() for i in members]
+        self.pool.feed(tokens)
+        self._count(len(rows))
+        outputs = [(seq, seq.take(token)) for seq, token in zip(rows, tokens) if not seq.cancelled]
+        for row in reversed(range(len(rows))):
+            if rows[row].done:
+                self._keep_prefix(row)
+                self.pool.release(row)
         for seq, output in outputs:
             seq.deliver(output)
 
+    def _count(self, tokens: int) -> None:
+        """Count tokens sampled now (the totals, and the rate /metrics reports)."""
+        self.tokens += tokens
+        now = time.monotonic()
+        with self._cond:
+            self._recent.append((now, tokens))
+            while self._recent and self._recent[0][0] < now - RATE_SECONDS:
+                self._recent.popleft()
+
+    def _keep_prefix(self, row: int) -> None:
+        """A finished sequence's blocks (its generated tokens too) go to the prefix cache: a chat's next turn repeats
+        them. Not a cancelled one's, nor a context that slid (its positions start past 0)."""
+        seq = self.pool.rows[row]
+        if self.prefix is not None and seq.start == 0 and not seq.cancelled:
+            held = self.pool.held[row]
+            self.prefix.store(seq.ids[:held], self.pool.row_layers(row))
+
     def _fail(self, sequences: list[Sequence], message: str) -> None:
-        """End these sequences with an error output and start the next batch afresh."""
+        """End these sequences (and those being prefilled) with an error output and empty the pool."""
+        sequences = [*sequences, *(f.seq for f in self._filling)]
+        self._filling = []
         for seq in sequences:
             if not seq.done:
                 seq.finish_reason = "error"
                 seq.deliver(Output("", None, "error", message))
-        self._rows, self._cache = [], None
+        while self.pool.rows:
+            self.pool.release(len(self.pool.rows) - 1)

@@ -83,7 +83,9 @@ def load(ckpt: str, name: str, device, kernel: str | None, backend: str | None, 
     if max_prompt > config.block_size:
         raise UserError(f"max_prompt_tokens={max_prompt} is more than {name}'s context (block_size "
                         f"{config.block_size})", hint="leave max_prompt_tokens at null: each model's block_size")
-    engine = Engine(model, tokenizer, limits["max_batch"], limits["max_queue"], autocast, name).start()
+    engine = Engine(model, tokenizer, limits["max_batch"], limits["max_queue"], autocast, name,
+                    limits.get("prefix_cache_blocks", 0), limits.get("prefill_chunk", 0),
+                    limits.get("speculate", 0)).start()
     return Served(name, model, tokenizer, engine, chat, problem, max_prompt, limits["max_tokens"], int(time.time()))
 
 

@@ -296,7 +296,7 @@ def test_a_client_that_disconnects_is_dropped_from_the_batch(server):
             host, port = url.removeprefix("http://").split(":")
             conn = http.client.HTTPConnection(host, int(port))
             conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-            time.sleep(0.2)
+            time.sleep(0.05)  # the request is in (alone, the slot engine decodes 200 tokens in well under a second)
             conn.sock.close()  # gone before the answer
         wait_idle(url, ids["small"])
         assert engine.steps - before < 150, stream  # far from the 200 steps its tokens would take
@@ -337,9 +337,39 @@ def test_api_key_queue_bound_and_shutdown(tmp_path):
         with pytest.raises(openai.APIStatusError) as busy:
             keyed.completions.create(**body)
         assert busy.value.status_code == 503 and "max_queue=1" in busy.value.message
+        assert 1 <= int(busy.value.response.headers["retry-after"]) <= 60
+        assert metrics(url)[("gpt_serve_refused_sequences_total", str(path))] == 1
         first.close()
         queued.join(timeout=60)
     assert all(not s.engine._thread.is_alive() for s in models.values())  # stopped with the app
+
+
+def metrics(url: str) -> dict[tuple[str, str], float]:
+    """/metrics read as Prometheus' text format: (family, model) -> value; each family announced by HELP and TYPE."""
+    families, values = set(), {}
+    for line in urllib.request.urlopen(url + "/metrics").read().decode().splitlines():
+        if line.startswith("# TYPE "):
+            families.add(line.split()[2])
+        elif not line.startswith("# HELP "):
+            name, rest = line.split("{", 1)
+            labels, value = rest.rsplit("} ", 1)
+            assert name in families and labels.startswith('model="'), line
+            values[name, json.loads(labels.removeprefix("model="))] = float(value)
+    return values
+
+
+def test_metrics_count_what_the_engine_did(server, client):
+    url, ids, models = server
+    before = metrics(url)
+    out = client.completions.create(model=ids["mla"], prompt="abc", max_tokens=7, n=2, temperature=0.5)
+    after = metrics(url)
+    key = lambda family: (family, ids["mla"])  # noqa: E731
+    assert after[key("gpt_serve_generated_tokens_total")] - before[key("gpt_serve_generated_tokens_total")] == \
+        out.usage.completion_tokens == 14
+    assert after[key("gpt_serve_prompt_tokens_total")] - before[key("gpt_serve_prompt_tokens_total")] == 6
+    assert after[key("gpt_serve_slots")] == 8 and after[key("gpt_serve_slots_used")] == 0  # given back at once
+    assert after[key("gpt_serve_tokens_per_second")] > 0 and after[key("gpt_serve_waiting_sequences")] == 0
+    assert {family for family, _ in after} >= {"gpt_serve_running_sequences", "gpt_serve_model_calls_total"}
 
 
 def model_calls(url: str, model: str) -> int:

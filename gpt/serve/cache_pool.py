@@ -1,0 +1,244 @@
+"""The engine's KV-cache pool: a fixed number of slots, one sequence's cache each, per layer in that layer's kind.
+
+A sequence is prefilled alone into a one-row gpt.model.kv_cache.KVCache (exactly what scripts/generate.py runs),
+then copied into a free slot; every decode step feeds one token to each slot in use, whatever their lengths; a
+finished sequence gives its slot back at once (the last slot in use moves into it, so the slots in use are always
+the first B rows and a step reads plain views of them, never a gather).
+
+The trick that keeps a step one model call of fixed shapes: all rows write the new token at the same column (the
+pool's ``column``, counting up; column % size is the slot). A sequence of L tokens joining at column c is stored at
+columns c - L .. c - 1, rotated (each layer's stores are rings of ``size`` slots, as KVCache's window ring), so its
+next token lands at c like every other row's. Attention sums over keys in any order, a per-row mask says which
+slots hold the row's tokens, and the distance of a key in column s to the query in column c is (c - s) % size for
+every row (what ALiBi reads through key_index). Each layer keeps the stores of its own kind (KINDS): a list over
+layers, so a model whose layers have different kinds is pooled the same way. Kinds the pool does not know (a
+user's design) decode each sequence in its own KVCache instead (SoloPool): slower, the same text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpt.designs.linear import LinearState
+from gpt.designs.mla import LatentKV
+from gpt.designs.stream import SinkKV
+from gpt.inference.decoding import decode_step
+from gpt.model import GPT
+from gpt.model.kv_cache import KVCache, LayerKV, Step
+
+# each known cache kind: its tensors, and the axis of their slots (counting the batch axis; None: no slots, copied
+# whole: sink tokens' keys, a running state)
+KINDS: dict[type, dict[str, int | None]] = {
+    LayerKV: {"k": 2, "v": 2},
+    SinkKV: {"k": 2, "v": 2, "sink_k": None, "sink_v": None},
+    LatentKV: {"c": 1, "k_rope": 1},
+    LinearState: {"state": None},
+}
+
+
+def pooled(model: GPT) -> bool:
+    """Whether every layer's cache kind is one the pool keeps (else SoloPool)."""
+    return all(type(layer) in KINDS for layer in KVCache(model.config, 1, "cpu").layers)
+
+
+def tensors(value: Any) -> list[Tensor]:
+    """A kind's attribute as a list of tensors (a running state is a tuple of them; an unfilled one is None)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, tuple) else [value]
+
+
+class SlotPool:
+    """``slots`` sequences' caches in one set of stores per layer; ``rows`` holds their sequences, slot order."""
+
+    def __init__(self, model: GPT, slots: int, device: torch.device) -> None:
+        probe = KVCache(model.config, 1, device)
+        self.kinds = [type(layer) for layer in probe.layers]
+        self.size, self.slots, self.device = probe.size, slots, device
+        self.ring = probe.window is not None  # the stores are a sliding window's ring
+        self.sinks = max((layer.sinks for layer in probe.layers if isinstance(layer, SinkKV)), default=0)
+        self.rows: list[Any] = []  # the sequence in each slot in use
+        self.stores: list[dict[str, list[Tensor]]] = [{} for _ in self.kinds]  # allocated at the first insert
+        self.key_mask = torch.zeros(slots, self.size, dtype=torch.bool, device=device)  # a slot holds the row's token
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)  # tokens each row's context holds
+        self.tokens = torch.zeros(slots, dtype=torch.long, device=device)  # the token each row feeds next
+        self.held: list[int] = []  # each row's context length (lengths, as Python numbers)
+        self.column = 0  # the next step writes here (mod size)
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.rows)
+
+    def insert(self, seq: Any, cache: KVCache, length: int, token: int) -> None:
+        """Put a one-row cache holding ``length`` tokens (positions 0..length-1) in the next free slot, rotated so
+        its next token goes to ``column``; ``token`` is what it feeds next."""
+        row = len(self.rows)
+        if row == self.slots:
+            raise RuntimeError("the cache pool has no free slot")
+        if not self.rows:  # an empty pool: the sequence starts at column 0, so its columns do not wrap soon
+            self.column = length
+        slots = (torch.arange(self.size, device=self.device) + self.column - length) % self.size
+        for layer, stores in zip(cache.layers, self.stores):
+            for name, axis in KINDS[type(layer)].items():
+                for i, value in enumerate(tensors(getattr(layer, name))):
+                    if i == len(stores.setdefault(name, [])):
+                        stores[name].append(value.new_zeros((self.slots, *value.shape[1:])))
+                    target = stores[name][i][row]
+                    if axis is None:
+                        target.copy_(value[0])
+                    else:
+                        target.index_copy_(axis - 1, slots, value[0])
+        self.key_mask[row].index_copy_(0, slots, cache.key_mask[0])
+        self.lengths[row], self.tokens[row] = length, token
+        self.rows.append(seq)
+        self.held.append(length)
+
+    def release(self, row: int) -> Any:
+        """Give a slot back at once: the last slot in use moves into it. Returns the sequence it held."""
+        last = len(self.rows) - 1
+        seq = self.rows[row]
+        if row != last:
+            for stores in self.stores:
+                for values in stores.values():
+                    for value in values:
+                        value[row] = value[last]
+            for t in (self.key_mask, self.lengths, self.tokens):
+                t[row] = t[last]
+            self.rows[row], self.held[row] = self.rows[last], self.held[last]
+        self.rows.pop()
+        self.held.pop()
+        return seq
+
+    def row_layers(self, row: int) -> list[dict[str, Tensor]]:
+        """One row's slotted tensors, per layer by name, (1, ...) with its positions 0.. in order (the prefix cache
+        keeps them); valid while the row's context has not outgrown a ring."""
+        held = self.held[row]
+        slots = (torch.arange(held, device=self.device) + self.column - held) % self.size
+        return [{name: values[0][row : row + 1].index_select(KINDS[kind][name], slots)
+                 for name, values in stores.items() if KINDS[kind][name] is not None}
+                for kind, stores in zip(self.kinds, self.stores)]
+
+    def feed(self, tokens: list[int]) -> None:
+        """The token each row in use feeds next, in slot order."""
+        self.tokens[: len(tokens)] = torch.tensor(tokens, device=self.device)
+
+    def decode(self, model: GPT) -> Tensor:
+        """One decode step of every row in use, each feeding its next token; the next logits (B, vocab)."""
+        b = len(self.rows)
+        view = _View(self, *self.span())
+        logits = decode_step(model, self.tokens[:b].view(b, 1), self.lengths[:b].view(b, 1).clone(), view)
+        view.written()
+        return logits
+
+    def span(self) -> tuple[int, int, bool]:
+        """The columns this step reads, [lo, hi), and whether every row holds a real token in each of them.
+
+        The rows' tokens lie in the ``held`` columns before this one (the longest row's), so where those do not wrap
+        round the ring the step reads only them: a short context is not charged for block_size slots; one row, or
+        rows of one length, need no mask at all. Sink tokens' stores read every column (SinkKV reads the index)."""
+        column, held = self.column % self.size, min(max(self.held), self.size)
+        if self.sinks or held == self.size or held > column:
+            return 0, self.size, not self.sinks and min(self.held) >= self.size
+        return column - held, column + 1, min(self.held) == held
+
+
+class _View(KVCache):
+    """The rows in use as the cache of one batch: each layer's kind holding views of the pool's stores (columns
+    [lo, hi)), and a step that writes every row's token at the pool's column (KVCache's fixed-shape step)."""
+
+    def __init__(self, pool: SlotPool, lo: int, hi: int, full: bool) -> None:  # not the parent's: this views
+        self.pool, self.lo, self.full, b = pool, lo, full, len(pool.rows)
+        self.size, self.window, self.max_length = hi - lo, None, None  # window None: no hook reads a global index
+        self.layers, self.views = [], []
+        for kind, stores in zip(pool.kinds, pool.stores):
+            layer = kind.__new__(kind)
+            layer.size = layer.tokens = self.size
+            if kind is SinkKV:
+                layer.sinks = pool.sinks
+            views = {name: [value[:b] if KINDS[kind][name] is None else value[:b].narrow(KINDS[kind][name], lo, hi - lo)
+                            for value in values] for name, values in stores.items()}
+            for name in KINDS[kind]:
+                value = views.get(name)
+                setattr(layer, name, None if value is None else tuple(value) if name == "state" else value[0])
+            self.layers.append(layer)
+            self.views.append(views)
+
+    def step(self, n: int, key_mask: Tensor | None) -> Step:
+        """One token per row at the pool's column: the columns read, with each row's mask unless every one is real
+        (sink tokens' keys first: those the ring no longer holds, per row)."""
+        pool, b = self.pool, len(self.pool.rows)
+        if n != 1:
+            raise ValueError("the cache pool decodes one token at a time")
+        column = pool.column % pool.size
+        pool.key_mask[:b, column] = True
+        mask = None if self.full else pool.key_mask[:b, self.lo : self.lo + self.size]
+        if pool.sinks:
+            gone = torch.arange(pool.sinks, device=pool.device) < (pool.lengths[:b, None] + 1 - pool.size)
+            mask = torch.cat([gone, mask], dim=1)
+        # the slot of the new token in the columns read; past the sinks' indices (SinkKV.first keeps index < sinks)
+        index = column - self.lo + (pool.size * (pool.sinks // pool.size + 1) if pool.sinks else 0)
+        return Step(None, torch.tensor([index], device=pool.device), mask, None, None)
+
+    def written(self) -> None:
+        """After the step: stores a kind replaced rather than wrote in place (a running state, sink tokens' keys)
+        copied into the pool, a sink token decoded now kept, the column and the lengths advanced."""
+        pool, b = self.pool, len(self.pool.rows)
+        for layer, views in zip(self.layers, self.views):
+            for name, values in views.items():
+                for value, new in zip(values, tensors(getattr(layer, name))):
+                    if new is not value:
+                        value.copy_(new)
+            if type(layer) is SinkKV and pool.sinks:
+                self._keep_sinks(views, b)
+        pool.column += 1
+        pool.lengths[:b] += 1
+        pool.held[:b] = [n + 1 for n in pool.held[:b]]
+
+    def _keep_sinks(self, views: dict[str, list[Tensor]], b: int) -> None:
+        """Rows whose new token is one of the first ``sinks``: its key and value also go to the sink stores."""
+        slot = self.pool.column % self.pool.size
+        for row in range(b):
+            at = self.pool.held[row]
+            if at < self.pool.sinks:
+                views["sink_k"][0][row, :, at] = views["k"][0][row, :, slot]
+                views["sink_v"][0][row, :, at] = views["v"][0][row, :, slot]
+
+
+class SoloPool:
+    """The pool's interface for cache kinds it does not know: each sequence keeps its own one-row KVCache and a
+    decode step runs the model once per row."""
+
+    def __init__(self, model: GPT, slots: int, device: torch.device) -> None:
+        self.slots, self.device = slots, device
+        self.rows: list[Any] = []
+        self.caches: list[KVCache] = []
+        self.next: list[tuple[int, int]] = []  # (token, position) each row feeds next
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.rows)
+
+    def insert(self, seq: Any, cache: KVCache, length: int, token: int) -> None:
+        self.rows.append(seq)
+        self.caches.append(cache)
+        self.next.append((token, length))
+
+    def release(self, row: int) -> Any:
+        self.caches.pop(row)
+        self.next.pop(row)
+        return self.rows.pop(row)
+
+    def feed(self, tokens: list[int]) -> None:
+        self.next = [(token, position) for token, (_, position) in zip(tokens, self.next)]
+
+    def decode(self, model: GPT) -> Tensor:
+        logits = []
+        for i, cache in enumerate(self.caches):
+            token, position = self.next[i]
+            tensor = torch.tensor([[token]], device=self.device)
+            logits.append(decode_step(model, tensor, torch.tensor([[position]], device=self.device), cache))
+            self.next[i] = (token, position + 1)
+        return torch.cat(logits)

@@ -1,0 +1,110 @@
+"""Prefix caching: the keys and values of prompts' blocks of BLOCK tokens, kept by a hash of every token up to the
+block's end, so a prompt that starts like an earlier one (a system prompt, the earlier turns of a chat) prefills
+only what follows the longest cached prefix (vLLM's automatic prefix caching, in whole blocks).
+
+Blocks come from prefills and from sequences that finished (their generated tokens too: a chat's next turn repeats
+the answer). At most ``capacity`` blocks are kept; the least recently used go first. Only caches that hold every
+position in order can continue from a prefix (KVCache's full stores: keys and values, MLA's latents); a ring (a
+sliding window, sink tokens) or a running state cannot, and the engine then has no prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from gpt.designs.mla import LatentKV
+from gpt.model.kv_cache import KVCache, LayerKV
+
+BLOCK = 16  # tokens per block
+KINDS: dict[type, tuple[str, ...]] = {LayerKV: ("k", "v"), LatentKV: ("c", "k_rope")}  # the kinds it keeps
+AXES = {"k": 2, "v": 2, "c": 1, "k_rope": 1}  # each tensor's slot axis
+
+
+def cacheable(cache: KVCache) -> bool:
+    """Whether a model with this (empty) cache can continue a prefill from a cached prefix."""
+    return cache.window is None and all(type(layer) in KINDS for layer in cache.layers)
+
+
+def layer_tensors(cache: KVCache) -> list[dict[str, Tensor]]:
+    """A filled one-row cache's tensors, per layer, by name (what PrefixCache.store takes)."""
+    return [{name: getattr(layer, name) for name in KINDS[type(layer)]} for layer in cache.layers]
+
+
+class Block(NamedTuple):
+    """One cached block: the key of the block before it, its tokens (a hash match is checked against both), and
+    per layer its tensors by name, (1, ...) with BLOCK positions along the slot axis."""
+
+    parent: int
+    tokens: tuple[int, ...]
+    layers: list[dict[str, Tensor]]
+
+
+class PrefixCache:
+    """Blocks of keys and values by the hash of the tokens up to their end, least recently used evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, Block] = OrderedDict()
+        self.looked = self.reused = 0  # prompt tokens looked up, and found
+
+    @staticmethod
+    def hashes(tokens: list[int]) -> list[tuple[int, int, tuple[int, ...]]]:
+        """(its key, its parent's key, its tokens) of each whole block of tokens: keys chain every earlier token."""
+        out, parent = [], 0
+        for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
+            block = tuple(tokens[start : start + BLOCK])
+            key = hash((parent, block))
+            out.append((key, parent, block))
+            parent = key
+        return out
+
+    def lookup(self, context: list[int]) -> tuple[int, list[Block]]:
+        """The longest cached prefix of context, leaving at least its last token to prefill: (tokens, blocks)."""
+        found = []
+        for key, parent, tokens in self.hashes(context[:-1]):
+            block = self.blocks.get(key)
+            if block is None or block.parent != parent or block.tokens != tokens:
+                break
+            self.blocks.move_to_end(key)
+            found.append(block)
+        self.looked += len(context)
+        self.reused += len(found) * BLOCK
+        return len(found) * BLOCK, found
+
+    def fill(self, cache: KVCache, blocks: list[Block]) -> int:
+        """Put the blocks' keys and values in an empty one-row cache as if its prefill had written them; the tokens."""
+        n = len(blocks) * BLOCK
+        for i, layer in enumerate(cache.layers):
+            for name in KINDS[type(layer)]:
+                axis = AXES[name]
+                prefix = torch.cat([block.layers[i][name] for block in blocks], dim=axis)
+                shape = list(prefix.shape)
+                shape[axis] = cache.size
+                store = prefix.new_zeros(shape)
+                store.narrow(axis, 0, n).copy_(prefix)
+                setattr(layer, name, store)
+        cache.started, cache.padded = True, False
+        cache.key_mask[:, :n] = True
+        cache.pos.fill_(n)
+        return n
+
+    def store(self, tokens: list[int], layers: list[dict[str, Tensor]]) -> None:
+        """Keep the whole blocks of tokens not cached yet; ``layers``: per layer, name -> its tensor (1, ...) holding
+        positions 0..len(tokens)-1 in order along the kind's slot axis (a one-row cache's, or a pool row's)."""
+        for b, (key, parent, block) in enumerate(self.hashes(tokens)):
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+                continue
+            self.blocks[key] = Block(parent, block, [{name: value.narrow(AXES[name], b * BLOCK, BLOCK).clone()
+                                                      for name, value in layer.items()} for layer in layers])
+            while len(self.blocks) > self.capacity:
+                self.blocks.popitem(last=False)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens found in the cache over prompt tokens looked up (0 before any)."""
+        return self.reused / self.looked if self.looked else 0.0

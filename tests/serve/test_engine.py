@@ -1,0 +1,296 @@
+"""The serving engine (gpt.serve.engine) and its cache pool, without HTTP: each sequence's tokens are those
+gpt.inference.decoding.stream gives it alone (scripts/generate.py's loop) for its seed and settings, whatever else is
+decoded beside it: prompts of mixed lengths, sequences joining mid-stream, contexts sliding past block_size, every
+built-in design's cache kind (each case its contract tests check), and a user's cache kind the pool does not know."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpt.designs import active, available, get
+from gpt.inference.decoding import decode_step, prefill, stream
+from gpt.model import GPT, GPTConfig
+from gpt.model.kv_cache import KVCache, LayerKV
+from gpt.serve.cache_pool import SlotPool, SoloPool
+from gpt.serve.engine import Engine, Sampling, Sequence
+from gpt.serve.speculate import keep, verify
+from gpt.tokenizers.tokenizer import CharTokenizer
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 ():.,=+-*\n")
+BASE = dict(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=len(CHARS) + 3)  # padded past the tokenizer's
+
+CASES = {"gpt2": {}, "window": {"window": 6}, "gqa": {"n_kv_head": 2}} | {
+    f"{name}:{case}": settings | ({"attention": "manual"} if {"attn_softcap", "attn_sink"} & set(settings) else {})
+    for name in available() for case, settings in get(name).cases.items()}  # a kernel that forms the scores
+
+JOBS = [  # (prompt length, max_tokens, sampling settings): greedy, top-k, top-p; two run past block_size (slide)
+    (5, 30, dict(temperature=0.0)), (1, 9, dict(temperature=0.9, top_k=5, seed=3)),
+    (17, 12, dict(temperature=1.1, top_p=0.8, seed=-2)), (2, 40, dict(temperature=0.7, seed=11)),
+    (9, 6, dict(temperature=0.0)), (24, 10, dict(temperature=1.0, top_k=7, seed=5)),
+]
+
+
+def model_for(settings: dict, seed: int = 0) -> GPT:
+    """A random model with weights 6x GPT-2's initial ones: peaked attention and logits, so a key or value the
+    cache got wrong changes the tokens (at GPT-2's scale a random model's attention is nearly uniform)."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**BASE | settings)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.mul_(6.0)
+    return model
+
+
+def alone(model: GPT, prompt: list[int], max_tokens: int, settings: dict) -> list[int]:
+    """What generate.py's loop samples for this prompt alone (its own generator, vocabulary limited)."""
+    generator = torch.Generator().manual_seed(settings.get("seed", 0))
+    temperature = settings["temperature"]
+    return [int(t) for t in stream(model, [prompt], max_tokens, temperature=temperature, top_k=settings.get("top_k"),
+                                   top_p=settings.get("top_p"), generator=generator, vocab_limit=len(CHARS))]
+
+
+def prompts(seed: int) -> list[list[int]]:
+    """Random prompts of JOBS' lengths; the last one starts with the third's first 16 tokens (a prefix cache hit)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(0, len(CHARS), (n,), generator=g).tolist() for n, _, _ in JOBS]
+    rows[5][:16] = rows[2][:16]
+    return rows
+
+
+def serve(engine: Engine, prompts: list[list[int]], tokenizer) -> list[list[int]]:
+    """Submit the first half of JOBS, the rest once the first sequence has its third token (a join mid-stream);
+    each sequence's tokens."""
+    got: list[list[int]] = [[] for _ in JOBS]
+    done = [threading.Event() for _ in JOBS]
+    third = threading.Event()
+
+    def deliver(i: int):
+        def put(output) -> None:
+            assert output.error is None, output.error
+            if output.token is not None:
+                got[i].append(output.token)
+            if len(got[0]) >= 3:
+                third.set()
+            if output.finish_reason is not None:
+                done[i].set()
+        return put
+
+    sequences = [Sequence(p, Sampling(max_tokens=n, **s), tokenizer, deliver(i))
+                 for i, (p, (_, n, s)) in enumerate(zip(prompts, JOBS))]
+    engine.submit(sequences[:3])
+    assert third.wait(60)
+    engine.submit(sequences[3:])
+    assert all(event.wait(60) for event in done)
+    return got
+
+
+ENGINES = {"plain": {}, "prefix+chunks": dict(prefix_blocks=16, prefill_chunk=5)}
+
+
+@pytest.mark.parametrize("engine_settings", list(ENGINES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_sequence_gets_what_it_gets_alone_whatever_is_beside_it(case, engine_settings):
+    """Plain, and with the prefix cache (the last prompt hits) and prompts prefilled 5 tokens a step between
+    decode steps, where the design's cache allows them."""
+    settings = CASES[case]
+    model, tokenizer = model_for(settings), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=4, max_queue=8, **ENGINES[engine_settings]).start()
+    try:
+        assert isinstance(engine.pool, SlotPool), "a built-in design's cache kind is pooled"
+        rows = prompts(len(case))
+        got = serve(engine, rows, tokenizer)
+        for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+            assert got[i] == alone(model, prompt, n, s), (case, i)
+        assert engine.pool.rows == [] and engine.pool.free == 4  # every slot given back
+        assert engine.steps < sum(n for _, n, _ in JOBS)  # decoded together
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_pools_logits_are_each_rows_own_caches_logits(case):
+    """Teacher-forced: rows join the pool at different steps with contexts of different lengths (1 token, a ring
+    wrapped, block_size) and one leaves; each row's logits at every step are those of its own one-row KVCache."""
+    model = model_for(CASES[case], 2)
+    pool = SlotPool(model, 3, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    streams = {name: torch.randint(0, len(CHARS), (40,), generator=g).tolist() for name in "abcd"}
+    joins = {0: ("a", 1), 2: ("b", 9), 3: ("c", 2), 5: ("d", BASE["block_size"] - 4)}  # step: (row, prompt length)
+    own: dict[str, tuple] = {}  # row -> (its own cache, tokens fed so far)
+    for step in range(8):
+        if pool.rows:
+            logits = pool.decode(model)
+            for i, name in enumerate(pool.rows):
+                cache, fed = own[name]
+                alone_logits = decode_step(model, torch.tensor([[streams[name][fed]]]), torch.tensor([[fed]]), cache)
+                torch.testing.assert_close(logits[i : i + 1], alone_logits, atol=1e-4, rtol=1e-4, msg=(case, name))
+                own[name] = (cache, fed + 1)
+            pool.feed([streams[name][own[name][1]] for name in pool.rows])
+        if step == 4:
+            pool.release(pool.rows.index("b"))  # leaves: "c" moves into its slot
+        if step in joins:
+            name, n = joins[step]
+            mine, theirs = KVCache(model.config, 1, "cpu"), KVCache(model.config, 1, "cpu")
+            for cache in (mine, theirs):
+                prefill(model, torch.tensor([streams[name][:n]]), torch.arange(n)[None], None, cache)
+            pool.insert(name, theirs, n, streams[name][n])
+            own[name] = (mine, n)
+    assert pool.free == 0 and sorted(pool.rows) == ["a", "c", "d"]
+
+
+class _OwnKV(LayerKV):
+    """A user's cache kind (the pool cannot know where its slots are)."""
+
+
+def test_a_cache_kind_the_pool_does_not_know_decodes_each_sequence_in_its_own_cache(monkeypatch):
+    model, tokenizer = model_for({"pos_embedding": "rope"}, 1), CharTokenizer(CHARS)
+    rope = next(d for d in active(model.config) if d.name == "rope")
+    monkeypatch.setattr(type(rope), "cache", _OwnKV)
+    engine = Engine(model, tokenizer, max_batch=3, max_queue=8).start()
+    try:
+        assert isinstance(engine.pool, SoloPool)
+        rows = prompts(7)
+        got = serve(engine, rows, tokenizer)
+        for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+            assert got[i] == alone(model, prompt, n, s), i
+    finally:
+        engine.stop()
+
+
+def run_one(engine: Engine, prompt: list[int], tokenizer, max_tokens: int, **settings) -> list[int]:
+    """One sequence through the engine, alone; its tokens."""
+    got, done = [], threading.Event()
+
+    def deliver(output) -> None:
+        assert output.error is None, output.error
+        got.extend([output.token] if output.token is not None else [])
+        if output.finish_reason is not None:
+            done.set()
+
+    engine.submit([Sequence(prompt, Sampling(max_tokens=max_tokens, **settings), tokenizer, deliver)])
+    assert done.wait(60)
+    return got
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone", "rope:alone"])
+def test_a_multi_turn_chat_reuses_its_earlier_turns_from_the_prefix_cache(case):
+    """Each turn's prompt is the last turn's prompt, its answer and a new message: at least 80% of the prompt tokens
+    of a four-turn replay come from the prefix cache (the answers' blocks too), and every turn's tokens are still
+    those of generate.py's loop alone."""
+    model, tokenizer = model_for(CASES[case] | {"block_size": 160}, 4), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=64).start()
+    try:
+        g = torch.Generator().manual_seed(5)
+        prompt = torch.randint(0, len(CHARS), (40,), generator=g).tolist()  # a system prompt and a first message
+        looked = 0
+        for turn in range(4):
+            settings = dict(temperature=0.8, top_k=6, seed=turn)
+            answer = run_one(engine, prompt, tokenizer, 20, **settings)
+            assert answer == alone(model, prompt, 20, settings), (case, turn)
+            looked += len(prompt)
+            prompt = prompt + answer + torch.randint(0, len(CHARS), (6,), generator=g).tolist()
+        first_turn = 40
+        assert engine.prefix.reused >= 0.8 * (looked - first_turn), (engine.prefix.reused, looked)
+        assert engine.prefix.hit_rate == engine.prefix.reused / looked
+    finally:
+        engine.stop()
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps():
+    model, tokenizer = model_for({"block_size": 64}, 6), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefill_chunk=8).start()
+    order: list[str] = []  # which sequence each delivered token belongs to, in order
+    done = {name: threading.Event() for name in "ab"}
+    got: dict[str, list[int]] = {"a": [], "b": []}
+
+    def deliver(name: str):
+        def put(output) -> None:
+            order.append(name)
+            got[name].extend([output.token] if output.token is not None else [])
+            if output.finish_reason is not None:
+                done[name].set()
+        return put
+
+    a, b = list(range(3)), [i % len(CHARS) for i in range(7, 55)]  # b: 48 tokens, 6 chunks of 8
+    try:
+        engine.submit([Sequence(a, Sampling(max_tokens=30, temperature=0.0), tokenizer, deliver("a"))])
+        while len(order) < 3:
+            threading.Event().wait(0.01)
+        engine.submit([Sequence(b, Sampling(max_tokens=5, temperature=0.0), tokenizer, deliver("b"))])
+        assert done["a"].wait(60) and done["b"].wait(60)
+        first_b = order.index("b")
+        assert order[3:first_b].count("a") >= 5  # a kept decoding while b's chunks were prefilled
+        assert got["a"] == alone(model, a, 30, {"temperature": 0.0})
+        assert got["b"] == alone(model, b, 5, {"temperature": 0.0})
+    finally:
+        engine.stop()
+
+
+def test_the_prefix_cache_evicts_the_least_recently_used_blocks_and_is_off_for_rings():
+    model, tokenizer = model_for({"block_size": 64}, 5), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=3).start()
+    try:
+        a, b = list(range(20)) + list(range(20)), list(range(5, 45))  # 40 tokens: two whole blocks before the last
+        run_one(engine, a, tokenizer, 1, temperature=0.0)
+        run_one(engine, b, tokenizer, 1, temperature=0.0)  # b's second block takes the place of a's first
+        assert len(engine.prefix.blocks) == 3 and engine.prefix.reused == 0
+        run_one(engine, b, tokenizer, 1, temperature=0.0)
+        assert engine.prefix.reused == 32  # both of b's blocks
+        run_one(engine, a, tokenizer, 1, temperature=0.0)
+        assert engine.prefix.reused == 32  # a's second block is useless without its first, evicted
+    finally:
+        engine.stop()
+    assert Engine(model_for({"window": 6}), tokenizer, prefix_blocks=8).prefix is None  # a ring cannot continue
+    assert Engine(model_for(CASES["linear:alone"]), tokenizer, prefix_blocks=8).prefix is None  # nor a state
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone", "alibi:alone"])
+def test_prompt_lookup_speculation_keeps_greedy_tokens_in_fewer_model_calls(case):
+    """A greedy sequence alone on repetitive text: the tokens of the loop alone, fewer model calls than tokens, the
+    guesses counted; a sampled one is not speculated."""
+    model, tokenizer = model_for(CASES[case] | {"block_size": 96}, 7), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, speculate=4).start()
+    try:
+        prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 4
+        steps = engine.steps
+        got = run_one(engine, prompt, tokenizer, 50, temperature=0.0)
+        assert got == alone(model, prompt, 50, {"temperature": 0.0})
+        assert engine.accepted > 0 and engine.drafted >= engine.accepted
+        assert engine.steps - steps < 50  # one prefill, then fewer verify steps than tokens
+        assert engine.metrics()["acceptance_rate"] == engine.accepted / engine.drafted
+        drafted = engine.drafted
+        assert run_one(engine, prompt, tokenizer, 20, temperature=0.9, seed=2) == \
+            alone(model, prompt, 20, {"temperature": 0.9, "seed": 2})
+        assert engine.drafted == drafted
+    finally:
+        engine.stop()
+    assert Engine(model_for({"window": 6}), tokenizer, speculate=4).speculate == 0  # a ring cannot take guesses
+
+
+def test_rejected_guesses_are_never_read_again():
+    """verify's logits after the fed token are a one-token step's; after keep, the rejected guesses' columns are
+    masked, so a row joining whose columns wrap round (the step then reads every column) changes nothing."""
+    model = model_for({"block_size": 96}, 8)
+    pool = SlotPool(model, 2, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    a, b = (torch.randint(0, len(CHARS), (n,), generator=g).tolist() for n in (20, 70))
+    mine, theirs = KVCache(model.config, 1, "cpu"), KVCache(model.config, 1, "cpu")
+    for cache in (mine, theirs):
+        prefill(model, torch.tensor([a[:-1]]), torch.arange(19)[None], None, cache)
+    pool.insert("a", theirs, 19, a[-1])
+    logits = verify(model, pool, [1, 2, 3])  # three guesses, all rejected
+    own = decode_step(model, torch.tensor([[a[-1]]]), torch.tensor([[19]]), mine)
+    torch.testing.assert_close(logits[:1], own, atol=1e-4, rtol=1e-4)
+    keep(pool, 4, 1)
+    pool.feed([5])
+    other = KVCache(model.config, 1, "cpu")
+    prefill(model, torch.tensor([b]), torch.arange(70)[None], None, other)
+    pool.insert("b", other, 70, 6)  # 70 tokens before column 20: they wrap round
+    assert pool.span() == (0, 96, False)
+    logits = pool.decode(model)
+    own = decode_step(model, torch.tensor([[5]]), torch.tensor([[20]]), mine)
+    torch.testing.assert_close(logits[:1], own, atol=1e-4, rtol=1e-4)
