@@ -22,12 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpt.designs.deltanet import DeltaState
 from gpt.designs.linear import LinearState
 from gpt.designs.mla import LatentKV
 from gpt.designs.stream import SinkKV
 from gpt.inference.decoding import decode_step
 from gpt.model import GPT
-from gpt.model.kv_cache import KVCache, LayerKV, Step
+from gpt.model.kv_cache import KVCache, LayerKV, Slots, Step
 
 # each known cache kind: its tensors, and the axis of their slots (counting the batch axis; None: no slots, copied
 # whole: sink tokens' keys, a running state)
@@ -36,12 +37,16 @@ KINDS: dict[type, dict[str, int | None]] = {
     SinkKV: {"k": 2, "v": 2, "sink_k": None, "sink_v": None},
     LatentKV: {"c": 1, "k_rope": 1},
     LinearState: {"state": None},
+    DeltaState: {"state": None, "conv": None},
 }
+TUPLES = {(LinearState, "state")}  # attributes kept as a tuple of tensors (the others are one tensor)
 
 
 def pooled(model: GPT) -> bool:
-    """Whether every layer's cache kind is one the pool keeps (else SoloPool)."""
-    return all(type(layer) in KINDS for layer in KVCache(model.config, 1, "cpu").layers)
+    """Whether the pool keeps this model's caches (else SoloPool): one kind of layer (a layout's kinds keep slots of
+    their own, which one pool column cannot serve) and every layer's cache kind one the pool knows."""
+    return len(model.config.kinds()) == 1 and all(type(layer) in KINDS
+                                                  for layer in KVCache(model.config, 1, "cpu").layers)
 
 
 def tensors(value: Any) -> list[Tensor]:
@@ -57,8 +62,9 @@ class SlotPool:
     def __init__(self, model: GPT, slots: int, device: torch.device) -> None:
         probe = KVCache(model.config, 1, device)
         self.kinds = [type(layer) for layer in probe.layers]
-        self.size, self.slots, self.device = probe.size, slots, device
-        self.ring = probe.window is not None  # the stores are a sliding window's ring
+        kind = probe.slots[None]  # a uniform model's one kind of slots (pooled)
+        self.size, self.slots, self.device = kind.size, slots, device
+        self.ring = kind.window is not None  # the stores are a sliding window's ring
         self.sinks = max((layer.sinks for layer in probe.layers if isinstance(layer, SinkKV)), default=0)
         self.rows: list[Any] = []  # the sequence in each slot in use
         self.stores: list[dict[str, list[Tensor]]] = [{} for _ in self.kinds]  # allocated at the first insert
@@ -91,7 +97,7 @@ class SlotPool:
                         target.copy_(value[0])
                     else:
                         target.index_copy_(axis - 1, slots, value[0])
-        self.key_mask[row].index_copy_(0, slots, cache.key_mask[0])
+        self.key_mask[row].index_copy_(0, slots, cache.slots[None].key_mask[0])
         self.lengths[row], self.tokens[row] = length, token
         self.rows.append(seq)
         self.held.append(length)
@@ -145,12 +151,14 @@ class SlotPool:
         return column - held, column + 1, min(self.held) == held
 
 
-class _View(KVCache):
-    """The rows in use as the cache of one batch: each layer's kind holding views of the pool's stores (columns
-    [lo, hi)), and a step that writes every row's token at the pool's column (KVCache's fixed-shape step)."""
+class _View(Slots):
+    """The rows in use as the cache of one batch, as a uniform model's KVCache and its one kind of Slots at once:
+    each layer's kind holding views of the pool's stores (columns [lo, hi)), and a step that writes every row's
+    token at the pool's column (KVCache's fixed-shape step)."""
 
     def __init__(self, pool: SlotPool, lo: int, hi: int, full: bool) -> None:  # not the parent's: this views
         self.pool, self.lo, self.full, b = pool, lo, full, len(pool.rows)
+        self.slots = {None: self}  # the model's contexts read a kind's slots here (KVCache.slots)
         self.size, self.window, self.max_length = hi - lo, None, None  # window None: no hook reads a global index
         self.layers, self.views = [], []
         for kind, stores in zip(pool.kinds, pool.stores):
@@ -162,11 +170,11 @@ class _View(KVCache):
                             for value in values] for name, values in stores.items()}
             for name in KINDS[kind]:
                 value = views.get(name)
-                setattr(layer, name, None if value is None else tuple(value) if name == "state" else value[0])
+                setattr(layer, name, None if value is None else tuple(value) if (kind, name) in TUPLES else value[0])
             self.layers.append(layer)
             self.views.append(views)
 
-    def step(self, n: int, key_mask: Tensor | None) -> Step:
+    def step(self, n: int, key_mask: Tensor | None) -> dict[str | None, Step]:
         """One token per row at the pool's column: the columns read, with each row's mask unless every one is real
         (sink tokens' keys first: those the ring no longer holds, per row)."""
         pool, b = self.pool, len(self.pool.rows)
@@ -180,7 +188,7 @@ class _View(KVCache):
             mask = torch.cat([gone, mask], dim=1)
         # the slot of the new token in the columns read; past the sinks' indices (SinkKV.first keeps index < sinks)
         index = column - self.lo + (pool.size * (pool.sinks // pool.size + 1) if pool.sinks else 0)
-        return Step(None, torch.tensor([index], device=pool.device), mask, None, None)
+        return {None: Step(None, torch.tensor([index], device=pool.device), mask, None, None)}
 
     def written(self) -> None:
         """After the step: stores a kind replaced rather than wrote in place (a running state, sink tokens' keys)

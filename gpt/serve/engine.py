@@ -140,7 +140,8 @@ class Engine:
         cacheable_ = isinstance(self.pool, SlotPool) and cacheable(KVCache(model.config, 1, self.device))
         self.prefix = PrefixCache(prefix_blocks) if prefix_blocks and cacheable_ else None  # None: no prefix cache
         # tokens of prompts prefilled per step, between decode steps (0: whole prompts); a ring cannot take chunks
-        self.prefill_chunk = prefill_chunk if KVCache(model.config, 1, self.device).window is None else 0
+        rings = any(kind.window is not None for kind in KVCache(model.config, 1, self.device).slots.values())
+        self.prefill_chunk = 0 if rings else prefill_chunk
         self._filling: list[_Filling] = []  # sequences being prefilled, in order
         # guesses per prompt-lookup step for a greedy sequence alone in the pool (gpt.serve.speculate); 0: none
         self.speculate = speculate if isinstance(self.pool, SlotPool) and speculable(self.pool) else 0

@@ -26,7 +26,8 @@ AXES = {"k": 2, "v": 2, "c": 1, "k_rope": 1}  # each tensor's slot axis
 
 def cacheable(cache: KVCache) -> bool:
     """Whether a model with this (empty) cache can continue a prefill from a cached prefix."""
-    return cache.window is None and all(type(layer) in KINDS for layer in cache.layers)
+    return len(cache.slots) == 1 and cache.slots[None].window is None and all(type(layer) in KINDS
+                                                                            for layer in cache.layers)
 
 
 def layer_tensors(cache: KVCache) -> list[dict[str, Tensor]]:
@@ -77,19 +78,19 @@ class PrefixCache:
 
     def fill(self, cache: KVCache, blocks: list[Block]) -> int:
         """Put the blocks' keys and values in an empty one-row cache as if its prefill had written them; the tokens."""
-        n = len(blocks) * BLOCK
+        n, slots = len(blocks) * BLOCK, cache.slots[None]  # a uniform model's (cacheable)
         for i, layer in enumerate(cache.layers):
             for name in KINDS[type(layer)]:
                 axis = AXES[name]
                 prefix = torch.cat([block.layers[i][name] for block in blocks], dim=axis)
                 shape = list(prefix.shape)
-                shape[axis] = cache.size
+                shape[axis] = slots.size
                 store = prefix.new_zeros(shape)
                 store.narrow(axis, 0, n).copy_(prefix)
                 setattr(layer, name, store)
-        cache.started, cache.padded = True, False
-        cache.key_mask[:, :n] = True
-        cache.pos.fill_(n)
+        slots.started, slots.padded = True, False
+        slots.key_mask[:, :n] = True
+        slots.pos.fill_(n)
         return n
 
     def store(self, tokens: list[int], layers: list[dict[str, Tensor]]) -> None:

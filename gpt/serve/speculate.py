@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from gpt.model import GPT
-from gpt.model.kv_cache import KVCache
+from gpt.model.kv_cache import KVCache, Slots
 from gpt.serve.cache_pool import SlotPool
 from gpt.serve.prefix_cache import KINDS
 
@@ -46,12 +46,13 @@ def verify(model: GPT, pool: SlotPool, guesses: list[int]) -> Tensor:
     """Feed the pool's one row its next token and the guesses in one forward pass, at its own columns; the logits
     after each (1 + len(guesses), vocab). Call ``keep`` after, with how many it keeps."""
     held = pool.held[0]
-    cache = KVCache.__new__(KVCache)
-    cache.max_length, cache.window, cache.size = pool.size, None, pool.size
-    cache.started, cache.padded = True, True
-    cache.pos = torch.tensor(held, device=pool.device)
-    cache.key_mask = pool.key_mask[:1]
-    cache.layers = []
+    cache, slots = KVCache.__new__(KVCache), Slots.__new__(Slots)  # a uniform model's cache: one kind of slots
+    slots.max_length, slots.window, slots.size = pool.size, None, pool.size
+    slots.started, slots.padded = True, True
+    slots.pos = torch.tensor(held, device=pool.device)
+    slots.key_mask = pool.key_mask[:1]
+    cache.layers = slots.layers = []
+    cache.slots = {None: slots}
     for kind, stores in zip(pool.kinds, pool.stores):
         layer = kind.__new__(kind)
         layer.size = layer.tokens = pool.size

@@ -25,6 +25,14 @@ BASE = dict(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=len(CHARS)
 CASES = {"gpt2": {}, "window": {"window": 6}, "gqa": {"n_kv_head": 2}} | {
     f"{name}:{case}": settings | ({"attention": "manual"} if {"attn_softcap", "attn_sink"} & set(settings) else {})
     for name in available() for case, settings in get(name).cases.items()}  # a kernel that forms the scores
+CASES |= {  # per-layer layouts (docs/layouts.md): a window ring beside a global layer, two RoPE bases; NoPE; DeltaNet
+    "layout:local-global": {"layers": "SL", "layer_kinds": {"S": {"window": 6, "designs": ["rope"]},
+                                                            "L": {"designs": ["rope"],
+                                                                  "options": {"rope": {"base": 1000000}}}}},
+    "layout:nope": {"layers": "RN", "layer_kinds": {"R": {"designs": ["rope"]}, "N": {}}},
+    "layout:deltanet-gated": {"layers": "DG", "norm": "rmsnorm",
+                              "layer_kinds": {"D": {"designs": ["deltanet"]}, "G": {"designs": ["gated"]}}},
+}
 
 JOBS = [  # (prompt length, max_tokens, sampling settings): greedy, top-k, top-p; two run past block_size (slide)
     (5, 30, dict(temperature=0.0)), (1, 9, dict(temperature=0.9, top_k=5, seed=3)),
@@ -100,7 +108,8 @@ def test_each_sequence_gets_what_it_gets_alone_whatever_is_beside_it(case, engin
     model, tokenizer = model_for(settings), CharTokenizer(CHARS)
     engine = Engine(model, tokenizer, max_batch=4, max_queue=8, **ENGINES[engine_settings]).start()
     try:
-        assert isinstance(engine.pool, SlotPool), "a built-in design's cache kind is pooled"
+        # a built-in design's cache kind is pooled; a layout's kinds keep slots of their own: one cache per sequence
+        assert isinstance(engine.pool, SoloPool if case.startswith("layout:") else SlotPool)
         rows = prompts(len(case))
         got = serve(engine, rows, tokenizer)
         for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
@@ -111,7 +120,7 @@ def test_each_sequence_gets_what_it_gets_alone_whatever_is_beside_it(case, engin
         engine.stop()
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [case for case in CASES if not case.startswith("layout:")])  # pooled kinds
 def test_the_pools_logits_are_each_rows_own_caches_logits(case):
     """Teacher-forced: rows join the pool at different steps with contexts of different lengths (1 token, a ring
     wrapped, block_size) and one leaves; each row's logits at every step are those of its own one-row KVCache."""
