@@ -11,7 +11,7 @@ from gpt.cli import hydra_entry
 
 @hydra_entry("probe")
 def main(cfg) -> None:
-    from gpt.probes.probe import run
+    from gpt.probes.card import run
 
     run(cfg)
 

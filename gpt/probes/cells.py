@@ -16,7 +16,7 @@ import torch
 from gpt import validate
 from gpt.arena import runs as arena_runs
 from gpt.probes.probe import Cell, ProbeConfig, effective
-from gpt.probes.tasks import build
+from gpt.probes.registry import build
 from gpt.validate import shown
 
 FIELDS = ("metrics", "lr", "val", "sweep", "params", "train_s")

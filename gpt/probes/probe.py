@@ -7,7 +7,6 @@ preset, a user's design by name, ``model.<field>=<value>`` joined by ``+``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -17,7 +16,8 @@ from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, check_positive
 from gpt.files import output_path
 from gpt.model.config import GPTConfig, ModelConfig, ScriptConfig
-from gpt.probes.tasks import Task, TaskSettings, build, task_names
+from gpt.probes.registry import build, task_names
+from gpt.probes.tasks import Task, TaskSettings
 
 QUICK = dict(seq_len=16, vocab=64, mqar_pairs=[2], small_vocab=8, memory_keys=8, copy_tokens=3, passkey_digits=2,
              passkey_lengths=[1, 2], steps=6, batch_size=8, examples=16, motif=2)  # probes.quick: seconds per cell
@@ -152,31 +152,3 @@ def plan(cfg: ProbeConfig) -> list[Cell]:
 
 def baseline(cfg: ProbeConfig) -> str:
     return cfg.probes.baseline or variant_name(cfg.probes.designs[0])
-
-
-def run(cfg: ProbeConfig, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every cell not finished already (gpt.probes.cells), then the card (gpt.probes.report). A stop signal lets
-    the running cells' step finish, records nothing of them, writes the card of what finished and exits 130."""
-    from gpt.probes import cells as probe_cells
-    from gpt.probes.report import write_reports
-
-    rows = probe_cells.run_cells(cfg, plan(cfg), log)
-    groups = write_reports(Path(cfg.out_dir), header(cfg), rows, baseline(cfg), cfg.probes.alpha, log)
-    unfinished = len(plan(cfg)) - sum("metrics" in r for r in rows)
-    if unfinished:
-        raise KeyboardInterrupt(f"interrupted: {unfinished} runs unfinished; run the same command again to resume")
-    return groups
-
-
-def header(cfg: ProbeConfig) -> str:
-    """What every run shared: model, training, sweep, seeds, and the test."""
-    s = effective(cfg.probes)
-    m = {**{k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "n_embd")},
-         **(QUICK_MODEL if cfg.probes.quick else {})}
-    seeds = f"{s.seeds} seeds ({cfg.seed} to {cfg.seed + s.seeds - 1})" if s.seeds > 1 else f"seed {cfg.seed}"
-    return (f"Model: {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, each design's fields over it; "
-            f"context {s.seq_len} (passkey scored at {', '.join(f'{k}x' for k in s.passkey_lengths)}); {s.steps} "
-            f"AdamW steps of {s.batch_size} sequences at each learning rate of {s.learning_rates}, the best by "
-            f"validation accuracy kept; {seeds}; accuracy on the answer positions of {s.examples} test sequences. "
-            f"p: Welch's one-sided t-test of each design's accuracy above {baseline(cfg)}'s over the seeds; better or "
-            f"worse at alpha = {s.alpha:g}, else n.s.")

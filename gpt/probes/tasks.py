@@ -4,7 +4,7 @@ the answer positions (the loss and the accuracy read those alone).
 Semantics follow the papers' generators (read, not copied): multi-query associative recall from Zoology (Arora et
 al. 2023, ``zoology/data/multiquery_ar.py``); MAD's six (Poli et al. 2024, ``mad/data/instances.py``); induction on a
 repeated random sequence (Olsson et al. 2022); passkey retrieval (Mohtashami and Jaggi 2023), trained at one length
-and scored at several. gpt/probes/mad.py holds MAD's six; this module the rest and the registry.
+and scored at several. gpt/probes/mad.py holds MAD's six, gpt/probes/registry.py names them all.
 """
 
 from __future__ import annotations
@@ -187,27 +187,3 @@ class Passkey(Task):
         answer = np.zeros(seq.shape, dtype=bool)
         answer[:, tail + 1:] = True
         return shifted(seq, answer)
-
-
-def task_names() -> list[str]:
-    from gpt.probes import mad
-
-    return ["mqar", *mad.TASKS, "induction", "passkey"]
-
-
-def build(names: list[str], s: TaskSettings) -> list[Task]:
-    """The tasks of ``names`` (mqar: one per probes.mqar_pairs), each checked; an unknown name lists the known."""
-    from gpt.probes import mad
-
-    known = task_names()
-    tasks: list[Task] = []
-    for name in names:
-        if name not in known:
-            raise ConfigError(f"probes.tasks: unknown task {name!r}", hint=f"the tasks: {', '.join(known)}")
-        if name == "mqar":
-            if not s.mqar_pairs:
-                raise ConfigError("probes.mqar_pairs is empty", hint="e.g. probes.mqar_pairs=[4,8,16]")
-            tasks += [MQAR(s, p) for p in s.mqar_pairs]
-        else:
-            tasks.append({"induction": Induction, "passkey": Passkey, **mad.TASKS}[name](s))
-    return tasks

@@ -4,6 +4,7 @@ in the folder refused, and bad input as one error line each."""
 
 import csv
 import json
+import shlex
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -13,7 +14,7 @@ from gpt.arena import runs as arena_runs
 from gpt.errors import ConfigError, UserError
 from gpt.probes import cells as probe_cells
 from gpt.probes.probe import ProbeConfig, effective, plan
-from gpt.probes.tasks import build, task_names
+from gpt.probes.registry import build, task_names
 from gpt.schema import register, typed
 
 register()
@@ -104,3 +105,12 @@ def test_bad_input_is_one_error_line_and_exit_2(override, message):
     assert result.stderr.count("error:") == 1 and message in result.stderr and "Traceback" not in result.stderr
     if "unknown task" in message:
         assert "the tasks: mqar, in_context_recall, noisy_recall" in result.stderr
+
+
+def test_the_docs_commands_compose_and_the_first_is_the_quick_card_the_suite_runs():
+    lines = [line.strip() for line in (ROOT / "docs" / "probes.md").read_text().splitlines()
+             if line.strip().startswith("python scripts/probe.py")]
+    commands = [shlex.split(line)[2:] for line in lines]
+    assert len(commands) >= 3 and commands[0][:-1] == QUICK and commands[0][-1].startswith("out_dir=")
+    for args in commands:
+        assert plan(probe_config(*args))  # every override typed and every cell's model valid

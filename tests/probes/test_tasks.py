@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from gpt.errors import ConfigError
-from gpt.probes.tasks import IGNORE, TaskSettings, build, task_names
+from gpt.probes.registry import build, task_names
+from gpt.probes.tasks import IGNORE, TaskSettings
 
 SMALL = TaskSettings(seq_len=32, vocab=64, mqar_pairs=[2, 8], small_vocab=8, memory_keys=6, copy_tokens=4,
                      passkey_digits=3, passkey_lengths=[1, 2], motif=2)
