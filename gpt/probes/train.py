@@ -8,6 +8,7 @@ validation and test batches; every design and learning rate of a seed sees the s
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from gpt.train.config import TrainConfig
 from gpt.train.optim import learning_rate, make_optimizer, set_learning_rate
 
 TRAIN, VAL, TEST = 0, 1, 2  # the numpy streams of a seed
+BUILDING = threading.Lock()
 
 
 class Stopped(Exception):
@@ -44,8 +46,9 @@ def fit(task: Task, config: GPTConfig, seed: int, lr: float, steps: int, batch_s
     stream at length task.length."""
     from gpt.model.gpt import GPT
 
-    torch.manual_seed(seed)
-    model = GPT(config).to(device)
+    with BUILDING:  # the global RNG, seeded and drawn by one thread at a time: the same weights with any workers
+        torch.manual_seed(seed)
+        model = GPT(config).to(device)
     cfg = schedule(lr, steps)
     optimizer = make_optimizer(model, cfg, device)
     rng = stream(seed, TRAIN)

@@ -66,7 +66,7 @@ def test_a_tampered_result_or_another_configuration_is_refused(tmp_path):
 @pytest.mark.slow
 def test_quick_card_runs_every_task_reports_p_and_composite_and_a_rerun_reads_it_back(tmp_path):
     out = tmp_path / "card"
-    first = run_script("probe", *QUICK, f"out_dir={out}", env=ONE_THREAD)
+    first = run_script("probe", *QUICK, f"out_dir={out}", "probes.workers=2", env=ONE_THREAD)  # a thread each
     assert first.returncode == 0, first.stderr[-3000:]
     text = (out / "probes.md").read_text()
     metrics = [m for t in build(task_names(), effective(probe_config(*QUICK).probes)) for m in t.metrics()]
