@@ -30,7 +30,8 @@ def header(cfg: ProbeConfig) -> str:
          **(QUICK_MODEL if cfg.probes.quick else {})}
     seeds = f"{s.seeds} seeds ({cfg.seed} to {cfg.seed + s.seeds - 1})" if s.seeds > 1 else f"seed {cfg.seed}"
     return (f"Model: {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, each design's fields over it; "
-            f"context {s.seq_len} (passkey scored at {', '.join(f'{k}x' for k in s.passkey_lengths)}); {s.steps} "
+            f"context {s.seq_len}" + (f" (passkey scored at {', '.join(f'{k}x' for k in s.passkey_lengths)})"
+                                      if "passkey" in s.tasks else "") + f"; {s.steps} "
             f"AdamW steps of {s.batch_size} sequences at each learning rate of {s.learning_rates}, the best by "
             f"validation accuracy kept; {seeds}; accuracy on the answer positions of {s.examples} test sequences. "
             f"p: Welch's one-sided t-test of each design's accuracy above {baseline(cfg)}'s over the seeds; better or "
