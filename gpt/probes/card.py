@@ -34,5 +34,5 @@ def header(cfg: ProbeConfig) -> str:
                                       if "passkey" in s.tasks else "") + f"; {s.steps} "
             f"AdamW steps of {s.batch_size} sequences at each learning rate of {s.learning_rates}, the best by "
             f"validation accuracy kept; {seeds}; accuracy on the answer positions of {s.examples} test sequences. "
-            f"p: Welch's one-sided t-test of each design's accuracy above {baseline(cfg)}'s over the seeds; better or "
-            f"worse at alpha = {s.alpha:g}, else n.s.")
+            f"p: Welch's one-sided t-test of each design's accuracy against {baseline(cfg)}'s over the seeds, in the "
+            f"direction of the verdict (n.s.: above); better or worse at alpha = {s.alpha:g}, else n.s.")

@@ -17,7 +17,7 @@ from gpt.files import atomic_write
 
 COMPOSITE = "composite"
 PER_SEED = ["task", "design", "seed", "metric", "accuracy", "lr", "val", "params", "train_s", "spec"]
-SUMMARY = ["metric", "design", "seeds", "mean", "std", "p", "verdict"]
+SUMMARY = ["metric", "design", "seeds", "mean", "std", "p", "p_below", "verdict"]
 
 
 def per_seed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -42,7 +42,7 @@ def scores(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[int, float]]]
 
 def summarise(rows: list[dict[str, Any]], baseline: str, alpha: float) -> list[dict[str, Any]]:
     """One row per (metric, design): mean and sample std over seeds, and the one-sided Welch p of the design's
-    accuracy being above the baseline's."""
+    accuracy being above the baseline's (p) and below it (p_below), each computed, not one as 1 - the other."""
     out = []
     for metric, by_design in scores(rows).items():
         base = list(by_design.get(baseline, {}).values())
@@ -50,13 +50,15 @@ def summarise(rows: list[dict[str, Any]], baseline: str, alpha: float) -> list[d
             values = list(by_seed.values())
             mean, std = mean_std(values)
             p = welch_less(base, values) if design != baseline else math.nan
+            below = welch_less(values, base) if design != baseline else math.nan
             out.append({"metric": metric, "design": design, "seeds": len(values), "mean": mean, "std": std, "p": p,
-                        "verdict": "baseline" if design == baseline else verdict(p, alpha)})
+                        "p_below": below, "verdict": "baseline" if design == baseline else verdict(p, alpha)})
     return out
 
 
 def card(groups: list[dict[str, Any]]) -> str:
-    """Designs down, metrics across: mean ± std, then the p against the baseline and its verdict when there is one."""
+    """Designs down, metrics across: mean ± std, then the verdict against the baseline with the one-sided p of its
+    direction (worse: the p of being below; better or n.s.: of being above)."""
     metrics = list(dict.fromkeys(g["metric"] for g in groups))
     designs = list(dict.fromkeys(g["design"] for g in groups))
     at = {(g["metric"], g["design"]): g for g in groups}
@@ -66,7 +68,8 @@ def card(groups: list[dict[str, Any]]) -> str:
             return "-"
         text = number(g["mean"], ".3f") + (f" ± {g['std']:.3f}" if g["seeds"] > 1 else "")
         if not math.isnan(g["p"]):
-            text += f" (p {g['p']:.2g}{', ' + g['verdict'] if g['verdict'] != 'n.s.' else ''})"
+            text += f" (worse, p {g['p_below']:.2g})" if g["verdict"] == "worse" else \
+                f" ({g['verdict']}, p {g['p']:.2g})"
         return text
 
     return markdown_table(["design", *metrics], [[d, *(cell(at.get((m, d))) for m in metrics)] for d in designs])
@@ -78,7 +81,7 @@ def write_tensorboard(out: Path, groups: list[dict[str, Any]], text: str) -> Non
 
     writer = summary_writer(out / "tensorboard")
     for g in groups:
-        for key in ("mean", "std", "p"):
+        for key in ("mean", "std", "p", "p_below"):
             if isinstance(g[key], float) and not math.isnan(g[key]):
                 writer.add_scalar(f"probes/{g['metric']}/{g['design']}/{key}", g[key], 0)
     writer.add_text("probes/card", text, 0)

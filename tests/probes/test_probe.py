@@ -74,7 +74,7 @@ def test_quick_card_runs_every_task_reports_p_and_composite_and_a_rerun_reads_it
     header = text.splitlines()[2]
     assert header == "| design | " + " | ".join(metrics) + " | composite |"
     linear = next(line for line in text.splitlines() if line.startswith("| linear |"))
-    assert linear.count("(p ") == len(metrics) + 1 and " ± " in linear
+    assert linear.count(", p ") == len(metrics) + 1 and " ± " in linear
     with open(out / "probes.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * len(metrics) and all(0 <= float(r["accuracy"]) <= 1 for r in rows)
