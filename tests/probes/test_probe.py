@@ -78,12 +78,12 @@ def test_quick_card_runs_every_task_reports_p_and_composite_and_a_rerun_reads_it
     with open(out / "probes.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * len(metrics) and all(0 <= float(r["accuracy"]) <= 1 for r in rows)
-    again = run_script("probe", *QUICK, f"out_dir={out}", env=ONE_THREAD)
+    again = run_inline("probe", *QUICK, f"out_dir={out}")  # reads back, trains nothing: no process needed
     assert again.returncode == 0, again.stderr[-3000:]
     assert "36 runs (36 finished already" in again.stdout and (out / "probes.md").read_text() == text
     result = out / "mqar@2" / "linear" / "seed2" / arena_runs.RESULT_FILE
     result.write_text(json.dumps({**json.loads(result.read_text()), "val": 2.0}))
-    tampered = run_script("probe", *QUICK, f"out_dir={out}", env=ONE_THREAD)
+    tampered = run_inline("probe", *QUICK, f"out_dir={out}")
     assert tampered.returncode == 2 and tampered.stderr.count("error:") == 1
     assert "val must be a number in [0, 1]" in tampered.stderr and "Traceback" not in tampered.stderr
 
