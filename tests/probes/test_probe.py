@@ -4,6 +4,7 @@ in the folder refused, and bad input as one error line each."""
 
 import csv
 import json
+import re
 import shlex
 
 import pytest
@@ -114,3 +115,16 @@ def test_the_docs_commands_compose_and_the_first_is_the_quick_card_the_suite_run
     assert len(commands) >= 5 and commands[0][:-1] == QUICK and commands[0][-1].startswith("out_dir=")
     for args in commands:
         assert plan(probe_config(*args))  # every override typed and every cell's model valid
+
+
+@pytest.mark.slow
+def test_a_users_design_file_gets_a_card_beside_the_built_in_ones(tmp_path):
+    text = (ROOT / "docs" / "designs.md").read_text()
+    code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", text, flags=re.S | re.M).group(1)
+    (tmp_path / "talking_heads.py").write_text(code)
+    out = tmp_path / "card"
+    result = run_inline("probe", f"designs=[{tmp_path / 'talking_heads.py'}]", "probes.quick=true",
+                        "probes.designs=[gpt2,talking_heads]", "probes.tasks=[induction]", f"out_dir={out}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    card = (out / "probes.md").read_text()
+    assert "| talking_heads | " in card and (out / "induction" / "talking_heads" / "seed3").is_dir()
