@@ -124,6 +124,7 @@ SCHEMAS = {
     "bench_train": "gpt.bench.train:BenchTrainConfig",
     "arena": "gpt.arena.arena:ArenaConfig",
     "time_to_loss": "gpt.arena.time_to_loss:TimeToLossConfig",
+    "probe": "gpt.probes.probe:ProbeConfig",
     "memory": "gpt.memory:MemoryConfig",
     "serve": "gpt.serve.config:ServeConfig",
     "bench_serve": "gpt.bench.serve:BenchServeConfig",

@@ -91,6 +91,7 @@ SCRIPT_CONFIGS = {
     "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"), "time_to_loss": ([], "TimeToLossConfig"),
+    "probe": ([], "ProbeConfig"),
     "serve": (["ckpt=runs/x"], "ServeConfig"), "bench_serve": ([], "BenchServeConfig"),
     "chat": (["ckpt=runs/x"], "ChatCommandConfig"), "chat_demo": (["base=runs/x"], "ChatDemoConfig"),
     "train_tokenizer": (["out=tokenizers/x"], "TrainTokenizerConfig"), "eval_tokenizer": ([], "EvalTokenizerConfig"),

@@ -1,0 +1,102 @@
+"""The card in out_dir: probes.md (accuracy per design and metric, mean ± std over seeds, the one-sided Welch p of
+each design above the baseline, and the composite), probes.csv (every seed's every metric), probes_summary.csv (the
+summary's numbers) and the same numbers as TensorBoard scalars (out_dir/tensorboard). The statistics are the
+arena's (gpt.arena.stats); higher accuracy is better."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpt.arena.report import make_out_dir, number, write_csv
+from gpt.arena.stats import mean_std, verdict, welch_less
+from gpt.bench.report import markdown_table
+from gpt.files import atomic_write
+
+COMPOSITE = "composite"
+PER_SEED = ["task", "design", "seed", "metric", "accuracy", "lr", "val", "params", "train_s", "spec"]
+SUMMARY = ["metric", "design", "seeds", "mean", "std", "p", "p_below", "verdict"]
+
+
+def per_seed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (task, design, seed, metric)."""
+    return [{**{k: r.get(k) for k in PER_SEED if k not in ("metric", "accuracy")}, "metric": m, "accuracy": a}
+            for r in rows for m, a in r["metrics"].items()]
+
+
+def scores(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[int, float]]]:
+    """metric -> design -> seed -> accuracy, and the composite: each design's mean over every metric for a seed
+    that finished them all (a seed missing one has no composite)."""
+    table: dict[str, dict[str, dict[int, float]]] = {}
+    for r in per_seed(rows):
+        table.setdefault(r["metric"], {}).setdefault(r["design"], {})[r["seed"]] = r["accuracy"]
+    metrics = list(table)
+    designs = list(dict.fromkeys(r["design"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+    table[COMPOSITE] = {d: {s: math.fsum(table[m][d][s] for m in metrics) / len(metrics) for s in seeds
+                            if all(s in table[m].get(d, {}) for m in metrics)} for d in designs}
+    return table
+
+
+def summarise(rows: list[dict[str, Any]], baseline: str, alpha: float) -> list[dict[str, Any]]:
+    """One row per (metric, design): mean and sample std over seeds, and the one-sided Welch p of the design's
+    accuracy being above the baseline's (p) and below it (p_below), each computed, not one as 1 - the other."""
+    out = []
+    for metric, by_design in scores(rows).items():
+        base = list(by_design.get(baseline, {}).values())
+        for design, by_seed in by_design.items():
+            values = list(by_seed.values())
+            mean, std = mean_std(values)
+            p = welch_less(base, values) if design != baseline else math.nan
+            below = welch_less(values, base) if design != baseline else math.nan
+            out.append({"metric": metric, "design": design, "seeds": len(values), "mean": mean, "std": std, "p": p,
+                        "p_below": below, "verdict": "baseline" if design == baseline else verdict(p, alpha)})
+    return out
+
+
+def card(groups: list[dict[str, Any]]) -> str:
+    """Designs down, metrics across: mean ± std, then the verdict against the baseline with the one-sided p of its
+    direction (worse: the p of being below; better or n.s.: of being above)."""
+    metrics = list(dict.fromkeys(g["metric"] for g in groups))
+    designs = list(dict.fromkeys(g["design"] for g in groups))
+    at = {(g["metric"], g["design"]): g for g in groups}
+
+    def cell(g: dict[str, Any] | None) -> str:
+        if g is None or not g["seeds"]:
+            return "-"
+        text = number(g["mean"], ".3f") + (f" ± {g['std']:.3f}" if g["seeds"] > 1 else "")
+        if not math.isnan(g["p"]):
+            text += f" (worse, p {g['p_below']:.2g})" if g["verdict"] == "worse" else \
+                f" ({g['verdict']}, p {g['p']:.2g})"
+        return text
+
+    return markdown_table(["design", *metrics], [[d, *(cell(at.get((m, d))) for m in metrics)] for d in designs])
+
+
+def write_tensorboard(out: Path, groups: list[dict[str, Any]], text: str) -> None:
+    """The summary as scalars (step 0) and the card as text."""
+    from gpt.train.records import summary_writer
+
+    writer = summary_writer(out / "tensorboard")
+    for g in groups:
+        for key in ("mean", "std", "p", "p_below"):
+            if isinstance(g[key], float) and not math.isnan(g[key]):
+                writer.add_scalar(f"probes/{g['metric']}/{g['design']}/{key}", g[key], 0)
+    writer.add_text("probes/card", text, 0)
+    writer.close()
+
+
+def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], baseline: str, alpha: float,
+                  log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every output in ``out`` and the card on the console; returns the summary rows."""
+    make_out_dir(out)
+    groups = summarise(rows, baseline, alpha) if rows else []
+    text = f"{heading}\n\n{card(groups) if groups else 'No run finished.'}\n"
+    atomic_write(out / "probes.md", lambda f: f.write(text.encode()), what="the probe card")
+    write_csv(out / "probes.csv", PER_SEED, per_seed(rows), "the probes' per-seed table")
+    write_csv(out / "probes_summary.csv", SUMMARY, groups, "the probes' summary")
+    write_tensorboard(out, groups, text)
+    log(f"\n{text}\nwritten: {out / 'probes.md'}, probes.csv, probes_summary.csv, tensorboard/")
+    return groups
