@@ -21,6 +21,7 @@ from gpt import kernels
 from gpt.model import design as designs
 from gpt.model.activations import ACTIVATIONS
 from gpt.model.config import GPTConfig
+from gpt.model.hooks import HookPoint
 from gpt.model.kv_cache import KVCache, Step
 
 
@@ -66,6 +67,8 @@ class CausalSelfAttention(nn.Module):
         self.parts = designs.active(config)  # a plain list of Design objects: their hooks act on this layer
         for part in self.parts:
             part.build(self, config)
+        self.hook_q, self.hook_k, self.hook_v, self.hook_z = (HookPoint(heads=True) for _ in range(4))
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()  # called by gpt.interpret's kernels
 
     @classmethod
     def qk_width(cls, config: GPTConfig) -> int:
@@ -79,7 +82,8 @@ class CausalSelfAttention(nn.Module):
         """x (B, T, C) -> (B, T, C); with a cache, the new keys are stored and the queries attend to what it returns."""
         B, T, C = x.shape
         q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
-        y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        y = self.hook_z(self.attend(q, k, v, ctx))  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -140,10 +144,13 @@ class Block(nn.Module):
         self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post = (
+            HookPoint() for _ in range(5))  # gpt.interpret's names: blocks.{layer}.hook_resid_pre, ...
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
-        x = x + self.attn(self.ln_1(x), ctx)
-        return x + self.mlp(self.ln_2(x))
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln_1(x), ctx)))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
 
 
 class GPT(nn.Module):
@@ -162,6 +169,7 @@ class GPT(nn.Module):
         if config.tie_head:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
         self.designs = designs.active(config)  # whose per-forward values go into the Context
+        self.hook_embed, self.hook_pos_embed, self.hook_final = HookPoint(), HookPoint(), HookPoint()
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: / sqrt(2 * n_layer); zero_init_proj: std 0 (same draws)
@@ -191,13 +199,13 @@ class GPT(nn.Module):
         key_mask (B, T) marking real tokens of left-padded rows, and a KVCache to fill and reuse.
         """
         ctx = self.context(idx, positions, key_mask, cache)
-        x = self.transformer.wte(idx)  # (B, T, C)
+        x = self.hook_embed(self.transformer.wte(idx))  # (B, T, C)
         if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(ctx.positions)
+            x = x + self.hook_pos_embed(self.transformer.wpe(ctx.positions))
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, ctx)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        logits = self.lm_head(self.hook_final(self.transformer.ln_f(x)))  # (B, T, vocab)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
