@@ -30,16 +30,18 @@ class ActivationCache(dict):
         return self[name]
 
 
-def check_tokens(model: nn.Module, tokens: Tensor) -> Tensor:
-    """(B, T) or (T,) token ids the model can read: within its vocabulary and context."""
+def check_tokens(model: nn.Module, tokens: Tensor, targets: bool = False) -> Tensor:
+    """(B, T) or (T,) token ids the model can read: within its vocabulary and context (one more with ``targets``:
+    the model reads all but the last, which only the loss reads)."""
     tokens = torch.as_tensor(tokens)
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     config = model.config
     if tokens.dim() != 2 or tokens.size(1) == 0:
         raise UserError(f"tokens must be a (batch, positions) tensor of ids, got shape {tuple(tokens.shape)}")
-    if tokens.size(1) > config.block_size:
+    if tokens.size(1) - targets > config.block_size:
         raise UserError(f"the prompt has {tokens.size(1)} tokens, more than the model's context of "
-                        f"{config.block_size}", hint="shorten the prompt")
+                        f"{config.block_size}" + (" and the token after it" if targets else ""),
+                        hint="shorten the prompt")
     if tokens.min() < 0 or tokens.max() >= config.vocab_size:
         raise UserError(f"token ids must lie in 0..{config.vocab_size - 1}, got {int(tokens.min())}.."
                         f"{int(tokens.max())}")

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from gpt.device import DeviceConfig
@@ -54,21 +53,6 @@ def parse_heads(names: list[str]) -> list[tuple[int, int]]:
             raise ConfigError(f"ablate: {name!r} is not a head; write heads as L<layer>H<head>, e.g. L1H2")
         heads.append((int(match[1]), int(match[2])))
     return heads
-
-
-def token_pool(tokenizer, vocab_size: int) -> Tensor:
-    """Ids to draw random tokens from: those that read as one ASCII letter or digit (a character model's alphabet,
-    which it has seen), when there are 20 or more; else the whole vocabulary."""
-    pool = [i for i in range(min(vocab_size, 256)) if _alnum(tokenizer, i)]
-    return torch.tensor(pool) if len(pool) >= 20 else torch.arange(vocab_size)
-
-
-def _alnum(tokenizer, i: int) -> bool:
-    try:
-        text = tokenizer.decode([i])
-    except Exception:  # an id the tokenizer cannot decode alone
-        return False
-    return len(text) == 1 and text.isascii() and text.isalnum()
 
 
 def plain(value):

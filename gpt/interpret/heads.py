@@ -20,6 +20,29 @@ def repeated_tokens(pool: Tensor, length: int, batch: int, seed: int) -> Tensor:
     return torch.cat([first, first], dim=1)
 
 
+def token_pool(tokenizer, vocab_size: int) -> Tensor:
+    """Ids to draw random tokens from: those that read as one ASCII letter or digit (a character model's alphabet,
+    which it has seen), when there are 20 or more; else the whole vocabulary."""
+    pool = [i for i in range(min(vocab_size, 256)) if _alnum(tokenizer, i)]
+    return torch.tensor(pool) if len(pool) >= 20 else torch.arange(vocab_size)
+
+
+def _alnum(tokenizer, i: int) -> bool:
+    try:
+        text = tokenizer.decode([i])
+    except Exception:  # an id the tokenizer cannot decode alone
+        return False
+    return len(text) == 1 and text.isascii() and text.isalnum()
+
+
+def in_context_loss(model: nn.Module, tokens: Tensor) -> float:
+    """Olsson et al.'s in-context loss on text windows (B, T + 1): the mean loss of the last quarter of positions
+    minus that of the first tenth (negative where the context helps)."""
+    losses = token_losses(model, tokens)
+    T = losses.size(1)
+    return float(losses[:, -max(1, T // 4):].mean() - losses[:, :max(1, T // 10)].mean())
+
+
 def repeat_length(model: nn.Module, length: int | None) -> int:
     """The repeated half's length: half the context unless asked (and then it must fit twice)."""
     limit = model.config.block_size // 2
@@ -57,7 +80,7 @@ def detect(model: nn.Module, length: int | None = None, batch: int = 16, seed: i
 
 def token_losses(model: nn.Module, tokens: Tensor, ablate: list[tuple[int, int]] = ()) -> Tensor:
     """Cross-entropy (B, T - 1) of each next token, with the heads in ``ablate`` (layer, head) zeroed."""
-    tokens = check_tokens(model, tokens)
+    tokens = check_tokens(model, tokens, targets=True)
     check_heads(model, ablate)
     with evaluating(model), hooks(model, ablate_heads(list(ablate)) if ablate else []), torch.no_grad():
         logits, _ = model(tokens[:, :-1])

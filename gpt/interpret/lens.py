@@ -15,7 +15,7 @@ from gpt.interpret.heads import evaluating
 def logit_lens(model: nn.Module, tokens: Tensor) -> list[dict]:
     """Per stage (the embeddings, then after each block): the next-token loss and top-1 accuracy over the tokens when
     the stream stops there, and the last position's top 5 tokens."""
-    tokens = check_tokens(model, tokens)
+    tokens = check_tokens(model, tokens, targets=True)
     with evaluating(model):
         _, cache = run_with_cache(model, tokens[:, :-1], ["blocks.0.hook_resid_pre", "blocks.*.hook_resid_post"])
     stages = [("embed", cache["blocks.0.hook_resid_pre"])]
@@ -48,7 +48,7 @@ def direct_attribution(model: nn.Module, tokens: Tensor) -> dict[str, Tensor]:
     """Each head's direct effect on the next token's (centred) logit, averaged over positions: (n_layer, n_head); the
     other components' (embeddings, MLPs, biases) under their names, and ``total``, their sum (= the mean centred
     logit of the next token less the final norm's bias term, which ``ln_bias`` holds)."""
-    tokens = check_tokens(model, tokens)
+    tokens = check_tokens(model, tokens, targets=True)
     n_layer = model.config.n_layer
     with evaluating(model):
         names = ["blocks.0.hook_resid_pre", "blocks.*.attn.hook_z", "blocks.*.hook_mlp_out",
