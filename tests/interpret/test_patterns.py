@@ -4,7 +4,9 @@ kernel computes them, and writing them changes what the layer computes (pattern 
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -25,6 +27,7 @@ if "talking_heads" not in registry.available():  # docs/designs.md's brought des
     code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", (ROOT / "docs" / "designs.md").read_text(),
                      flags=re.S | re.M).group(1)
     folder = Path(tempfile.mkdtemp(prefix="gpt-design-"))
+    atexit.register(shutil.rmtree, folder, True)
     (folder / "talking_heads.py").write_text(code)
     loading.load(str(folder / "talking_heads.py"))
 
