@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("model", "kernels", "designs", "tokenizers", "inference", "interpret", "weights", "interop", "arena", "bench",
-           "data", "train", "memory", "evaluation", "serve")
+FOLDERS = ("model", "kernels", "designs", "tokenizers", "inference", "interpret", "weights", "interop", "arena",
+           "bench", "data", "train", "memory", "evaluation", "serve")
 INFERENCE = sorted(str(p.relative_to(ROOT)) for folder in ("model", "kernels", "designs", "tokenizers", "inference",
                                                            "interop", "serve")
                    for p in (ROOT / "gpt" / folder).rglob("*.py") if "modeling" not in p.parts)

@@ -7,8 +7,7 @@ from torch import Tensor
 
 from gpt.errors import UserError
 from gpt.interpret import heads as roles
-from gpt.interpret.command import parse_heads
-from gpt.interpret.heads import token_pool
+from gpt.interpret.heads import parse_heads, token_pool
 from gpt.interpret.lens import direct_attribution, logit_lens
 from gpt.interpret.patching import patch
 

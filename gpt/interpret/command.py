@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -14,6 +13,7 @@ from torch import Tensor
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write_all, output_path
+from gpt.interpret.heads import parse_heads
 from gpt.model.config import MISSING, ScriptConfig
 
 ANALYSES = ("heads", "lens", "attribution", "patching", "ablation")
@@ -42,17 +42,6 @@ class InterpretConfig(ScriptConfig):
             raise ConfigError(f"batch must be >= 1, got {self.batch}")
         parse_heads(self.ablate)
         output_path(self.out, "out", folder=True)
-
-
-def parse_heads(names: list[str]) -> list[tuple[int, int]]:
-    """["L1H2", ...] -> [(1, 2), ...]; anything else a ConfigError."""
-    heads = []
-    for name in names:
-        match = re.fullmatch(r"L(\d+)H(\d+)", str(name))
-        if match is None:
-            raise ConfigError(f"ablate: {name!r} is not a head; write heads as L<layer>H<head>, e.g. L1H2")
-        heads.append((int(match[1]), int(match[2])))
-    return heads
 
 
 def plain(value):

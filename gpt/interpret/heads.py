@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpt.errors import UserError
+from gpt.errors import ConfigError, UserError
 from gpt.interpret.cache import check_tokens, run_with_cache
 from gpt.interpret.hooks import ablate_heads, hooks
 
@@ -116,6 +118,17 @@ def induction_ablation(model: nn.Module, scores: Tensor, tokens: Tensor, length:
             "loss_first_repeat": float(token_losses(model, tokens)[:, :length - 1].mean()),
             "ablated_induction": second_repeat_loss(model, tokens, length, found) - base if found else None,
             "ablated_others": second_repeat_loss(model, tokens, length, others) - base if found else None}
+
+
+def parse_heads(names: list[str]) -> list[tuple[int, int]]:
+    """["L1H2", ...] -> [(1, 2), ...]; anything else a ConfigError."""
+    heads = []
+    for name in names:
+        match = re.fullmatch(r"L(\d+)H(\d+)", str(name))
+        if match is None:
+            raise ConfigError(f"ablate: {name!r} is not a head; write heads as L<layer>H<head>, e.g. L1H2")
+        heads.append((int(match[1]), int(match[2])))
+    return heads
 
 
 def check_heads(model: nn.Module, heads) -> None:

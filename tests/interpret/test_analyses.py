@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, perturbed_model
+from conftest import perturbed_model, run_script
 from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
 from gpt.interpret.heads import role_scores, token_losses
@@ -127,8 +126,7 @@ def checkpoint_dir(tmp_path_factory):
 
 
 def interpret(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/interpret.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    return run_script("interpret", *args, "device=cpu")
 
 
 @pytest.mark.slow
