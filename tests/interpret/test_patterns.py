@@ -104,8 +104,9 @@ def test_a_written_pattern_is_what_the_layer_computes_from(design, settings, ker
         torch.testing.assert_close(attn(x, ctx), reference.layer(attn, x, model.config), atol=tol, rtol=tol)
     with hooks(model, [("blocks.1.attn.hook_pattern", lambda p, hook: torch.zeros_like(p))]), torch.no_grad():
         zeroed = attn(x, ctx)
-    if design != "diff":  # no weights: the layer adds only its out projection's bias
-        torch.testing.assert_close(zeroed, attn.c_proj.bias.expand_as(zeroed), atol=1e-12, rtol=0)
+    if design != "diff":  # no weights: the layer adds only its out projection's bias (or nothing)
+        bias = attn.c_proj.bias if attn.c_proj.bias is not None else torch.zeros_like(zeroed)
+        torch.testing.assert_close(zeroed, bias.expand_as(zeroed), atol=1e-12, rtol=0)
     with torch.no_grad():
         assert not torch.equal(zeroed, attn(x, ctx))  # and the hooks are gone
 
