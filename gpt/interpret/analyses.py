@@ -21,8 +21,10 @@ def prompt_tokens(tokenizer, text: str, what: str = "prompt") -> Tensor:
     return torch.tensor([ids])
 
 
-def grids(panels: list[tuple[str, Tensor]], xlabel: str = "head", ylabel: str = "layer", title: str = ""):
-    """A row of heat maps, one per (title, 2-D tensor), values written in the cells when they fit."""
+def grids(panels: list[tuple[str, Tensor]], xlabel: str = "head", ylabel: str = "layer", title: str = "",
+          scale: tuple[float, float] | None = None):
+    """A row of heat maps, one per (title, 2-D tensor), values written in the cells when they fit; ``scale``: a
+    fixed colour range (scores in [0, 1]), else each map's own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,7 +33,10 @@ def grids(panels: list[tuple[str, Tensor]], xlabel: str = "head", ylabel: str = 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (name, values) in zip(axes[0], panels):
         values = values.float()
-        image = ax.imshow(values.numpy(), cmap="viridis", aspect="auto")
+        low, high = scale if scale is not None else (None, None)
+        image = ax.imshow(values.numpy(), cmap="viridis", aspect="auto", vmin=low, vmax=high)
+        ax.set_xticks(range(values.size(1)) if values.size(1) <= 32 else [])
+        ax.set_yticks(range(values.size(0)))
         fig.colorbar(image, ax=ax, fraction=0.046)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
@@ -58,7 +63,7 @@ def heads(model, tokenizer, cfg):
                        for role, (layer, head) in best.items()},
               "ablation": roles.induction_ablation(model, scores["induction"], tokens, length)}
     return result, grids([(f"{role.replace('_', ' ')} score", s) for role, s in scores.items()],
-                         title=f"head roles on {cfg.batch} x 2 x {length} repeated random tokens")
+                         title=f"head roles on {cfg.batch} x 2 x {length} repeated random tokens", scale=(0.0, 1.0))
 
 
 def lens(model, tokenizer, cfg):
