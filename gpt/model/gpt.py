@@ -21,7 +21,7 @@ from gpt import kernels
 from gpt.model import design as designs
 from gpt.model.activations import ACTIVATIONS
 from gpt.model.config import GPTConfig
-from gpt.model.hooks import HookPoint
+from gpt.model.hooks import add_hook_points
 from gpt.model.kv_cache import KVCache, Step
 
 
@@ -67,8 +67,8 @@ class CausalSelfAttention(nn.Module):
         self.parts = designs.active(config)  # a plain list of Design objects: their hooks act on this layer
         for part in self.parts:
             part.build(self, config)
-        self.hook_q, self.hook_k, self.hook_v, self.hook_z = (HookPoint(heads=True) for _ in range(4))
-        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()  # called by gpt.interpret's kernels
+        add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_z", heads=True)  # (B, H, T, D) tensors
+        add_hook_points(self, "hook_attn_scores", "hook_pattern")  # called by gpt.interpret's kernels
 
     @classmethod
     def qk_width(cls, config: GPTConfig) -> int:
@@ -144,8 +144,7 @@ class Block(nn.Module):
         self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
-        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post = (
-            HookPoint() for _ in range(5))  # gpt.interpret's names: blocks.{layer}.hook_resid_pre, ...
+        add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         x = self.hook_resid_pre(x)
@@ -169,7 +168,7 @@ class GPT(nn.Module):
         if config.tie_head:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
         self.designs = designs.active(config)  # whose per-forward values go into the Context
-        self.hook_embed, self.hook_pos_embed, self.hook_final = HookPoint(), HookPoint(), HookPoint()
+        add_hook_points(self, "hook_embed", "hook_pos_embed", "hook_final")  # hook_final: ln_final.hook_normalized
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: / sqrt(2 * n_layer); zero_init_proj: std 0 (same draws)

@@ -41,3 +41,11 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{len(self.fns)} hook(s)" if self.fns else ""
+
+
+def add_hook_points(module: nn.Module, *names: str, heads: bool = False) -> None:
+    """Give ``module`` a HookPoint child under each name. Each is also kept in the instance's own attributes, so the
+    forward pass finds it without nn.Module.__getattr__ (about 1.5 us a lookup, ten times the idle call)."""
+    for name in names:
+        setattr(module, name, HookPoint(heads=heads))  # a child module: named_modules, .to(), copies see it
+        module.__dict__[name] = module._modules[name]
