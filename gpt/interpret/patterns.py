@@ -95,7 +95,11 @@ def check(layer: nn.Module, config: Any, name: str) -> None:
 
 
 def watch(layer: nn.Module, config: Any) -> None:
-    """Make the layer show its scores and pattern to its hooks, until unwatch."""
+    """Make the layer show its scores and pattern to its hooks, until as many unwatch calls (watches nest)."""
+    depth = vars(layer).get("_watched", 0)
+    layer._watched = depth + 1
+    if depth:
+        return
     if uses_kernel(config):
         layer._unwatched = layer.kernel
         layer.kernel = watched_kernel(layer, layer.kernel)
@@ -104,7 +108,11 @@ def watch(layer: nn.Module, config: Any) -> None:
 
 
 def unwatch(layer: nn.Module) -> None:
-    """The layer as it was before watch."""
+    """The layer as it was before the first watch, once every watch is undone."""
+    layer._watched -= 1
+    if layer._watched:
+        return
+    del layer._watched
     if "_unwatched" in vars(layer):
         layer.kernel = vars(layer).pop("_unwatched")
     elif "recorded" in vars(layer):

@@ -100,6 +100,20 @@ def test_hooks_write_and_are_gone_after_the_block():
     assert torch.allclose(zeroed, m.lm_head(m.transformer.ln_f.bias.expand(1, 10, -1)))
 
 
+def test_nested_hooks_on_patterns_leave_the_kernel_as_it_was():
+    m = model()
+    attn = m.transformer.h[0].attn
+    kernel = attn.kernel
+    seen = []
+    with hooks(m, [("blocks.0.attn.hook_pattern", lambda p, hook: seen.append(1))]):
+        _, cache = run_with_cache(m, torch.arange(6), ["blocks.0.attn.hook_pattern"])
+        assert len(seen) == 1 and cache.pattern(0).shape == (1, 4, 6, 6)
+        with torch.no_grad():
+            m(torch.arange(6)[None])
+        assert len(seen) == 2  # the outer hook still watches after the inner cache is done
+    assert attn.kernel is kernel and "_watched" not in vars(attn)
+
+
 def test_bad_requests_are_one_clear_error():
     m = model()
     with pytest.raises(UserError, match=r"unknown hook name 'blocks.0.hook_nope'; valid: .*blocks.\{l\}.attn.hook_q"):
