@@ -27,7 +27,9 @@ _RENAMED = {"hook_final": "ln_final.hook_normalized"}
 
 
 def tl_name(path: str) -> str:
-    """A HookPoint's module path as TransformerLens names it: transformer.h.3.attn.hook_q -> blocks.3.attn.hook_q."""
+    """A HookPoint's module path as TransformerLens names it: transformer.h.3.attn.hook_q -> blocks.3.attn.hook_q
+    (through a torch.compile or DDP wrapper too)."""
+    path = re.sub(r"^(_orig_mod\.|module\.)+", "", path)
     return _RENAMED.get(path, re.sub(r"^transformer\.h\.(\d+)\.", r"blocks.\1.", path))
 
 

@@ -158,3 +158,13 @@ def test_the_script_writes_json_and_png_and_refuses_bad_input_in_one_line(checkp
         done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_compiled_model_has_the_same_hook_names_and_patterns():
+    m = model()
+    compiled = torch.compile(m, backend="eager")
+    _, eager = run_with_cache(m, torch.arange(8), "blocks.*.attn.hook_pattern")
+    _, seen = run_with_cache(compiled, torch.arange(8), "blocks.*.attn.hook_pattern")
+    assert sorted(seen) == sorted(eager)
+    for name in eager:
+        torch.testing.assert_close(seen[name], eager[name], atol=1e-12, rtol=0)
