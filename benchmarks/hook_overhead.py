@@ -69,10 +69,11 @@ def main(rounds: int) -> None:
                 model(x[:1, :tokens])
         return run
 
-    for name, fn, reps in (("train step (8 x 128, forward and backward)", train_step, 3),
-                           ("forward of 1 x 128 tokens", forward(128), 20), ("forward of 1 token", forward(1), 200)):
+    for name, fn, reps, scale in (("train step (8 x 128, forward and backward)", train_step, 3, 1),
+                                  ("forward of 1 x 128 tokens", forward(128), 10, 2),
+                                  ("forward of 1 token", forward(1), 20, 8)):
         times = {"before": [], "now": []}
-        for i in range(rounds):
+        for i in range(rounds * scale):
             pair = (("before", BEFORE), ("now", NOW))
             for label, methods in pair if i % 2 else pair[::-1]:  # each goes first in half the rounds
                 use(methods)
@@ -81,9 +82,10 @@ def main(rounds: int) -> None:
                     fn()
                 times[label].append((time.perf_counter() - start) / reps * 1e3)
         use(NOW)
-        before, now = statistics.median(times["before"]), statistics.median(times["now"])
-        print(f"{name}: before {before:.4f} ms, with hook points {now:.4f} ms ({(now / before - 1) * 100:+.2f}%), "
-              f"medians of {rounds} alternating rounds")
+        for stat in (statistics.median, min):
+            before, now = stat(times["before"]), stat(times["now"])
+            print(f"{name}: before {before:.4f} ms, with hook points {now:.4f} ms ({(now / before - 1) * 100:+.2f}%), "
+                  f"{stat.__name__} of {rounds * scale} alternating rounds of {reps}")
     point, t = HookPoint(), torch.zeros(1)
     start = time.perf_counter()
     for _ in range(100_000):
