@@ -1,5 +1,9 @@
 """Head roles and head ablation: previous-token, duplicate-token and induction scores on repeated random tokens
-(Olsson et al. 2022; TransformerLens' head detector), and what zeroing heads does to the loss."""
+(Olsson et al. 2022), and what zeroing heads does to the loss.
+
+A score is a head's mean weight on the one key its role predicts, over the queries that have one (the diagonal
+stripe, as the induction score is usually computed); TransformerLens' detect_head with error_measure="mul" divides
+by the weight of every row instead, rows without a target too, which gives lower numbers for the same head."""
 
 from __future__ import annotations
 
