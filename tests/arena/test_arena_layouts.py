@@ -140,3 +140,14 @@ def test_quick_arena_of_a_layout_beside_a_uniform_design_and_run_again_reads_it_
     assert again.returncode == 0, again.stderr[-3000:]
     assert "2 of 2 runs finished already" in again.stdout and "[local_global_1to1 seed" not in again.stdout
     assert per_seed(out) == rows
+
+
+def test_the_probes_name_layouts_as_the_arena_does_with_the_window_sized_to_each_tasks_context():
+    from gpt.probes import probe
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = typed(compose(config_name="probe", overrides=["model.n_layer=2", "probes.tasks=[passkey]",
+                                                             "probes.designs=[rope,local_global_1to1]"]))
+    cell = next(c for c in probe.plan(cfg) if c.design == "local_global_1to1")
+    assert cell.model.layers == "SL" and cell.model.window == cell.model.block_size // 4
+    assert cell.model.layer(1).window is None
