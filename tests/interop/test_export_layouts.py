@@ -124,3 +124,58 @@ def test_gpt_neo_names_why_it_does_not_hold_a_layout():
         assert said in gptneo.mismatch(config)
         assert hf_targets.choose(config) == "remote"
     assert gptneo.mismatch(GPTConfig(**{**base, "layer_kinds": LOCAL_GLOBAL})) is None
+
+
+TEXT = "".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for i in range(3) for j in range(20))
+TRAINED = {  # a layout of each target, trained until its greedy text is not one repeated character
+    "GPT-Neo": ["S", "S", "S", "L"], "5:1 two RoPE bases": ["S"] * 5 + ["L"], "NoPE every 4th": ["R", "R", "R", "N"],
+    "Gated DeltaNet:gated attention": ["D", "D", "D", "G"]}
+TRAINED_KINDS = {"GPT-Neo": ({"S": {"window": 8}, "L": {}}, {"bias": False}),
+                 "5:1 two RoPE bases": ({"S": {"window": 8, "designs": ["rope"]},
+                                         "L": {"designs": ["rope"], "options": {"rope": {"base": 1000000}}}}, {}),
+                 "NoPE every 4th": ({"R": {"designs": ["rope"]}, "N": {}}, {}),
+                 "Gated DeltaNet:gated attention": ({"D": {"designs": ["deltanet"]},
+                                                     "G": {"designs": ["gated", "rope"]}},
+                                                    {"norm": "rmsnorm", "bias": False})}
+
+
+def trained_run(name: str, folder) -> None:
+    """A tiny layout model trained on TEXT (80 AdamW steps), saved as a training run's checkpoint."""
+    from gpt import GPT
+    from gpt.tokenizers.tokenizer import CharTokenizer
+    from gpt.weights import checkpoint
+
+    tokenizer = CharTokenizer(sorted(set(TEXT)))
+    kinds, extra = TRAINED_KINDS[name]
+    config = GPTConfig(n_layer=len(TRAINED[name]), n_head=2, n_embd=32, block_size=32,
+                       vocab_size=tokenizer.vocab_size, layers=TRAINED[name], layer_kinds=kinds, **extra)
+    data = torch.tensor(tokenizer.encode(TEXT))
+    torch.manual_seed(0)
+    model = GPT(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(80):
+        starts = torch.randint(0, len(data) - 33, (8,))
+        x, y = (torch.stack([data[s + shift:s + shift + 32] for s in starts]) for shift in (0, 1))
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    folder.mkdir()
+    checkpoint.save(checkpoint.model_entries(model.state_dict(), config, tokenizer.to_meta()), folder / "ckpt.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TRAINED)
+def test_transformers_greedy_text_of_a_trained_layout_equals_generate_py(name, tmp_path):
+    from conftest import run_script
+    from tests.train.test_layout_training import transformers_greedy_text
+
+    trained_run(name, tmp_path / "run")
+    export = run_script("export", f"ckpt={tmp_path / 'run'}", f"out={tmp_path / 'hf'}")
+    assert export.returncode == 0, export.stderr
+    assert ("GPTNeoForCausalLM" if name == "GPT-Neo" else "remote code") in export.stdout
+    ours = run_script("generate", f"ckpt={tmp_path / 'run'}", "temperature=0", "max_new_tokens=25", "prompt=def",
+                      "device=cpu")
+    assert ours.returncode == 0, ours.stderr
+    assert len(set(ours.stdout[3:])) > 4, f"a degenerate continuation would prove little: {ours.stdout!r}"
+    assert transformers_greedy_text(tmp_path / "hf", "def", 25) + "\n" == ours.stdout
