@@ -79,7 +79,7 @@ def test_the_layer_equals_transformers_qwen3_next_gated_deltanet(n_kv_head):
     attn = model.transformer.h[1].attn
     theirs = qwen3_next_layer(attn, model.config)
     x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(4))
-    ctx = model.context(torch.zeros(2, 40, dtype=torch.long), None, None, None)
+    ctx = model.contexts(torch.zeros(2, 40, dtype=torch.long), None, None, None)[None]
     with torch.no_grad():
         mine, expected = attn(x, ctx), theirs(x)
     assert expected.abs().max() > 0.1  # the comparison means something
