@@ -215,7 +215,7 @@ def composed(config_name: str, overrides: list[str]):
 
 def test_the_docs_commands_compose_and_the_planner_prints_the_lines_the_docs_show(tmp_path):
     trains = doc_commands("python scripts/train.py")
-    assert len(trains) == 5
+    assert len(trains) == 6  # the 5:1 (and its resume), NoPE, DeltaNet, a user's design, the GPT-Neo export
     load_talking_heads(tmp_path)  # as designs=[talking_heads.py] does
     for overrides in trains:
         run = composed("train", [o for o in overrides if o != "designs=[talking_heads.py]"])
