@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from gpt.errors import UserError
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
 
@@ -98,6 +99,11 @@ class KVCache:
     which slots hold real tokens). A uniform model has one kind; a layout (model.layers) one per kind."""
 
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
+        for kind in config.kinds().values():
+            why = next(filter(None, (d.no_cache(kind) for d in designs.active(kind))), None)
+            if why:
+                raise UserError(f"this model cannot decode with a KV cache: {why}",
+                                hint="sample without it (kv_cache=false), or choose another setting")
         self.layers: list[Any] = []
         self.slots = {name: Slots(kind, batch_size, device, self.layers) for name, kind in config.kinds().items()}
         for i in range(config.n_layer):
