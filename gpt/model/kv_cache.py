@@ -99,11 +99,8 @@ class KVCache:
     which slots hold real tokens). A uniform model has one kind; a layout (model.layers) one per kind."""
 
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
-        for kind in config.kinds().values():
-            why = next(filter(None, (d.no_cache(kind) for d in designs.active(kind))), None)
-            if why:
-                raise UserError(f"this model cannot decode with a KV cache: {why}",
-                                hint="sample without it (kv_cache=false), or choose another setting")
+        self.refusal = next(filter(None, (d.no_cache(kind) for kind in config.kinds().values()
+                                          for d in designs.active(kind))), None)  # a design's (Design.no_cache)
         self.layers: list[Any] = []
         self.slots = {name: Slots(kind, batch_size, device, self.layers) for name, kind in config.kinds().items()}
         for i in range(config.n_layer):
@@ -125,7 +122,12 @@ class KVCache:
         return sum(layer.held_bytes() for layer in self.layers)
 
     def step(self, n: int, key_mask: Tensor | None) -> dict[str | None, Step]:
-        """Take the next n tokens in every kind's slots (Slots.step): each kind's Step, by kind."""
+        """Take the next n tokens in every kind's slots (Slots.step): each kind's Step, by kind. A model a design
+        keeps from decoding with a cache (Design.no_cache) is refused here, at its first forward with one (building
+        one stays possible: the memory planner reads a meta-device cache's layers)."""
+        if self.refusal:
+            raise UserError(f"this model cannot decode with a KV cache: {self.refusal}",
+                            hint="sample without it (kv_cache=false), or choose another setting")
         return {name: slots.step(n, key_mask) for name, slots in self.slots.items()}
 
 

@@ -109,7 +109,7 @@ def test_cached_decoding_equals_the_full_forward_past_the_original_length(name):
 def test_dynamic_ntk_refuses_the_cache_in_one_line():
     model = randomised({"pos_embedding": "rope", "rope_scaling": SCALINGS["dynamic"]})
     with pytest.raises(UserError, match="cannot decode with a KV cache: .*dynamic changes every position's angle") as e:
-        KVCache(model.config, 1, "cpu")
+        model(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(model.config, 1, "cpu"))
     assert "kv_cache=false" in e.value.hint
 
 
