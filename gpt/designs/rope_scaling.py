@@ -42,9 +42,9 @@ def check(value: Any, block_size: int, where: str = "model.rope_scaling") -> dic
         raise ConfigError(f"{where} must be a mapping with rope_type (none, {', '.join(PARAMS)}), got {value!r}",
                           hint=f"e.g. {EXAMPLE}")
     kind = value["rope_type"]
-    if kind in (None, "none"):
+    if kind is None or kind == "none":
         return None
-    if kind not in PARAMS:
+    if not isinstance(kind, str) or kind not in PARAMS:
         raise ConfigError(f"{where}.rope_type must be one of none, {', '.join(PARAMS)}, got {kind!r}",
                           hint=f"e.g. {EXAMPLE}")
     known = (*REQUIRED, *PARAMS[kind])

@@ -162,6 +162,15 @@ def test_a_bad_scaling_is_one_error_line_before_anything_is_built(value, tmp_pat
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("value", [["yarn"], {"rope_type": ["yarn"]}, {"rope_type": "yarn", "factor": "4",
+                                   "original_max_position_embeddings": 6}, {"rope_type": "linear", "factor": 2,
+                                   "original_max_position_embeddings": True}])
+def test_a_checkpoints_damaged_scaling_is_a_config_error(value):
+    """A checkpoint's model_config is read through the same checks: odd types get a ConfigError, never a crash."""
+    with pytest.raises(ConfigError, match="model.rope_scaling"):
+        GPTConfig(**TINY, pos_embedding="rope", rope_scaling=value)
+
+
 def test_scaling_a_model_without_rope_is_refused(tmp_path):
     done = run_inline("train", "model=small", f"model.rope_scaling={{{YARN}}}", f"out_dir={tmp_path / 'run'}")
     assert done.returncode == 2 and "model.rope_scaling is set but the model has no RoPE" in done.stderr, done.stderr
