@@ -93,14 +93,19 @@ class LayerKV:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, Tensor))
 
 
+def refusal(config: GPTConfig) -> str | None:
+    """Why a design keeps this model from decoding with a KV cache (Design.no_cache, any kind's); None: it can."""
+    return next(filter(None, (d.no_cache(kind) for kind in config.kinds().values() for d in designs.active(kind))),
+                None)
+
+
 class KVCache:
     """Every layer's cache for a batch of sequences of up to block_size tokens: each layer keeps what its kind needs
     (keys and values, a window's ring, a design's kind), and each kind of layer its own Slots (the ring's size and
     which slots hold real tokens). A uniform model has one kind; a layout (model.layers) one per kind."""
 
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
-        self.refusal = next(filter(None, (d.no_cache(kind) for kind in config.kinds().values()
-                                          for d in designs.active(kind))), None)  # a design's (Design.no_cache)
+        self.refusal = refusal(config)
         self.layers: list[Any] = []
         self.slots = {name: Slots(kind, batch_size, device, self.layers) for name, kind in config.kinds().items()}
         for i in range(config.n_layer):

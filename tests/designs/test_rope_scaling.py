@@ -13,6 +13,7 @@ from gpt.designs import reference
 from gpt.designs import rope_scaling as rs
 from gpt.designs.rope import rotate
 from gpt.errors import ConfigError, UserError
+from gpt.model import kv_cache
 from gpt.model.kv_cache import KVCache
 from tests.conftest import run_inline
 
@@ -111,6 +112,8 @@ def test_dynamic_ntk_refuses_the_cache_in_one_line():
     with pytest.raises(UserError, match="cannot decode with a KV cache: .*dynamic changes every position's angle") as e:
         model(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(model.config, 1, "cpu"))
     assert "kv_cache=false" in e.value.hint
+    assert kv_cache.refusal(model.config) is not None  # training's samples read it and decode without the cache
+    assert kv_cache.refusal(GPTConfig(**TINY, pos_embedding="rope", rope_scaling=SCALINGS["yarn"])) is None
 
 
 def test_no_scaling_is_todays_model_exactly():
