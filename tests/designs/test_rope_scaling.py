@@ -114,6 +114,10 @@ def test_dynamic_ntk_refuses_the_cache_in_one_line():
     assert "kv_cache=false" in e.value.hint
     assert kv_cache.refusal(model.config) is not None  # training's samples read it and decode without the cache
     assert kv_cache.refusal(GPTConfig(**TINY, pos_embedding="rope", rope_scaling=SCALINGS["yarn"])) is None
+    from gpt.serve.engine import Engine
+    from gpt.tokenizers.tokenizer import CharTokenizer
+    with pytest.raises(UserError, match="the server decodes with a KV cache, which this model cannot: .*dynamic"):
+        Engine(model, CharTokenizer([chr(97 + i) for i in range(40)]))  # refused before serving anyone
 
 
 def test_no_scaling_is_todays_model_exactly():
