@@ -104,6 +104,8 @@ class KVCache:
     (keys and values, a window's ring, a design's kind), and each kind of layer its own Slots (the ring's size and
     which slots hold real tokens). A uniform model has one kind; a layout (model.layers) one per kind."""
 
+    refusal: str | None = None  # why it may not be used (kv_cache.refusal); a view made without __init__ may use it
+
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
         self.refusal = refusal(config)
         self.layers: list[Any] = []
