@@ -118,6 +118,7 @@ SCHEMAS = {
     "prepare": "gpt.data.config:PrepareConfig",
     "export": "gpt.weights.export:ExportConfig",
     "visualize": "gpt.inference.visualize:VisualizeConfig",
+    "interpret": "gpt.interpret.command:InterpretConfig",
     "eval": "gpt.evaluation.config:EvalConfig",
     "bench_decode": "gpt.bench.decode:BenchDecodeConfig",
     "bench_attention": "gpt.bench.attention:BenchAttentionConfig",

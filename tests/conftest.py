@@ -73,6 +73,19 @@ def write_corpus(folder: Path) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def designs_environment_restored():
+    """GPT_DESIGNS as it was before each test: a design a test loads in this process is added to it (for the
+    processes the test starts), and would otherwise reach the scripts later tests start (a design of the same name
+    from another file is then refused as already registered)."""
+    before = os.environ.get("GPT_DESIGNS")
+    yield
+    if before is None:
+        os.environ.pop("GPT_DESIGNS", None)
+    else:
+        os.environ["GPT_DESIGNS"] = before
+
+
 @pytest.fixture
 def text_dir(tmp_path: Path) -> Path:
     """The corpus of write_corpus, fresh for each test."""

@@ -88,7 +88,8 @@ SCRIPT_CONFIGS = {
     "train": ([], "RunConfig"), "generate": (["ckpt=runs/x"], "GenerateConfig"),
     "prepare": ([], "PrepareConfig"), "eval": (["ckpt=runs/x"], "EvalConfig"),
     "export": (["ckpt=runs/x"], "ExportConfig"),
-    "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "bench_decode": ([], "BenchDecodeConfig"),
+    "visualize_attention": (["ckpt=runs/x"], "VisualizeConfig"), "interpret": (["ckpt=runs/x"], "InterpretConfig"),
+    "bench_decode": ([], "BenchDecodeConfig"),
     "bench_attention": ([], "BenchAttentionConfig"), "bench_train": ([], "BenchTrainConfig"),
     "arena": ([], "ArenaConfig"), "memory": ([], "MemoryConfig"), "time_to_loss": ([], "TimeToLossConfig"),
     "probe": ([], "ProbeConfig"),
@@ -103,7 +104,7 @@ def test_every_script_config_composes_into_its_typed_config():
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         for name, (overrides, cls) in SCRIPT_CONFIGS.items():
             assert type(typed(compose(config_name=name, overrides=overrides))).__name__ == cls, name
-        for name in ("generate", "visualize_attention", "export", "serve", "chat"):
+        for name in ("generate", "visualize_attention", "interpret", "export", "serve", "chat"):
             with pytest.raises(ConfigError, match="ckpt must be given"):
                 typed(compose(config_name=name))
         with pytest.raises(ConfigError, match="out must be given"):

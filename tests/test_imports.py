@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("model", "kernels", "designs", "tokenizers", "inference", "weights", "interop", "arena", "probes", "bench",
-           "data", "train", "memory", "evaluation", "serve")
+FOLDERS = ("model", "kernels", "designs", "tokenizers", "inference", "interpret", "weights", "interop", "arena",
+           "probes", "bench", "data", "train", "memory", "evaluation", "serve")
 INFERENCE = sorted(str(p.relative_to(ROOT)) for folder in ("model", "kernels", "designs", "tokenizers", "inference",
                                                            "interop", "serve")
                    for p in (ROOT / "gpt" / folder).rglob("*.py") if "modeling" not in p.parts)
@@ -270,7 +270,7 @@ def test_the_default_model_trains_a_step_on_the_model_alone():
     assert result.returncode == 0, result.stderr
     loaded = result.stdout.split()
     above = ("arena", "probes", "weights", "interop", "tokenizers", "inference", "data", "train", "serve", "bench",
-             "evaluation", "memory")
+             "evaluation", "memory", "interpret")
     assert [m for m in loaded if m.split(".")[1] in above] == []
     assert "gpt.designs.rope" in loaded  # the built-in designs are registered all the same
 

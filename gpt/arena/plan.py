@@ -9,11 +9,14 @@ yet known) and after the data is prepared (the FLOPs budget counts the output he
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gpt.errors import ConfigError, UserError
 from gpt.model import design as designs
@@ -29,6 +32,18 @@ CORE_PRESETS: dict[str, dict[str, Any]] = {  # the core's own settings; each att
     "mqa": {"n_kv_head": 1},
     "gqa": {"n_kv_head": 2},
 }
+CONTEXT_WINDOW = "block_size/4"  # a layout preset's local window: a quarter of the cell's context, set per cell
+LOCAL, GLOBAL = ({"designs": ["rope"]},  # the local kind takes model.window (a preset's: CONTEXT_WINDOW)
+                 {"window": None, "designs": ["rope"], "options": {"rope": {"base": 1_000_000}}})  # Gemma 3's
+LAYOUT_PRESETS: dict[str, dict[str, Any]] = {  # layouts (docs/layouts.md): each pattern tiles over model.n_layer
+    "local_global_1to1": {"layers": "SL", "layer_kinds": {"S": LOCAL, "L": GLOBAL}, "window": CONTEXT_WINDOW},
+    "local_global_3to1": {"layers": "SSSL", "layer_kinds": {"S": LOCAL, "L": GLOBAL}, "window": CONTEXT_WINDOW},
+    "local_global_5to1": {"layers": "SSSSSL", "layer_kinds": {"S": LOCAL, "L": GLOBAL}, "window": CONTEXT_WINDOW},
+    "nope_every_4th": {"layers": "RRRN", "layer_kinds": {"R": {"designs": ["rope"]}, "N": {}}},  # Llama 4's NoPE
+    "deltanet_3to1": {"layers": "DDDG", "norm": "rmsnorm",  # Qwen3-Next's: Gated DeltaNet x 3, gated attention
+                      "layer_kinds": {"D": {"designs": ["deltanet"]}, "G": {"designs": ["gated", "rope"]}}},
+}
+NESTED_FIELDS = ("layer_kinds", "design_options")  # model fields whose value is a mapping of mappings
 QUICK_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)  # arena.quick: seconds per variant
 QUICK_TOKENS = 16_384  # arena.quick's cap on the token budget
 PLACEHOLDER_VOCAB = 256  # the vocabulary a plan assumes before the data says (validation only: no run uses it)
@@ -49,8 +64,17 @@ class Cell:
 
 
 def presets() -> dict[str, dict[str, Any]]:
-    """Every preset: the core's, then one per registered design (its Design.preset), a user's design included."""
-    return {**CORE_PRESETS, **{name: designs.get(name).on_preset() for name in designs.available()}}
+    """Every preset: the core's, one per registered design (its Design.preset), a user's design included, then the
+    layouts."""
+    return {**CORE_PRESETS, **{name: designs.get(name).on_preset() for name in designs.available()},
+            **copy.deepcopy(LAYOUT_PRESETS)}  # a copy: no variant edits another's kinds
+
+
+def sized(fields_: dict[str, Any]) -> dict[str, Any]:
+    """Model fields with a layout preset's window (CONTEXT_WINDOW) made a number: a quarter of block_size."""
+    if fields_.get("window") != CONTEXT_WINDOW:
+        return fields_
+    return {**fields_, "window": max(1, int(fields_.get("block_size") or GPTConfig.block_size) // 4)}
 
 
 def model_fields() -> list[str]:
@@ -58,7 +82,10 @@ def model_fields() -> list[str]:
 
 
 def parse_value(key: str, value: str, spec: str, setting: str) -> Any:
-    """A value as the command line would type it (YAML; 1e-3 is a number, as Hydra reads it, not YAML 1.1's string)."""
+    """A value as the command line would type it (YAML; 1e-3 is a number, as Hydra reads it, not YAML 1.1's string).
+    ``model.layer_kinds={S: {window: 8}}`` may nest: ModelConfig checks every kind's keys and values."""
+    if key.strip().removeprefix("model.") in NESTED_FIELDS:
+        return nested_value(key, value, spec, setting)
     try:
         parsed = parse_yaml_value(value.strip(), f"{setting}: {key.strip()}")
     except UserError as err:
@@ -66,6 +93,17 @@ def parse_value(key: str, value: str, spec: str, setting: str) -> Any:
     if isinstance(parsed, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", parsed):
         return float(parsed)
     return parsed
+
+
+def nested_value(key: str, value: str, spec: str, setting: str) -> Any:
+    """A mapping of mappings typed in a variant (YAML, safe_load: plain data, nothing that runs)."""
+    try:
+        return yaml.safe_load(value.strip())
+    except yaml.YAMLError as err:
+        problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+        raise ConfigError(f"{setting}: {key.strip()}={value.strip()!r} in {spec!r} is not valid YAML ({problem})",
+                          hint="e.g. model.layer_kinds={S: {window: 8, designs: [rope]}, L: {designs: [rope]}}") \
+            from None
 
 
 def typed_value(cls: type, name: str, value: Any, spec: str, setting: str, prefix: str) -> Any:
@@ -180,7 +218,7 @@ def cell_model(cfg: Any, base: dict[str, Any], spec: str, recipe_name: str | Non
         except ConfigError as err:
             raise ConfigError(f"arena.overrides {extra!r}: {err}", hint=err.hint) from None
     try:  # ModelConfig validates: a kernel that cannot compute the variant is refused, naming the option
-        return ModelConfig(**model_fields_), train
+        return ModelConfig(**sized(model_fields_)), train
     except ConfigError as err:
         raise ConfigError(f"arena variant {spec!r}: {err}", hint=err.hint) from None
 
@@ -201,7 +239,7 @@ def flops_scale(cfg: Any, base: dict[str, Any], sizes: list[tuple[str, dict]], v
     if cfg.arena.flops is None:
         return {name: 1.0 for name, _ in sizes}
     baseline = parse_variant(baseline_spec(cfg.arena))
-    counts = {name: flops.per_token(ModelConfig(**{**base, **fields_, **baseline}).build(vocab))
+    counts = {name: flops.per_token(ModelConfig(**sized({**base, **fields_, **baseline})).build(vocab))
               for name, fields_ in sizes}
     first = counts[sizes[0][0]]
     return {name: count / first for name, count in counts.items()}

@@ -114,6 +114,7 @@ class DeltaNetAttention(CausalSelfAttention):
             mixed = mixed * ctx.token_mask[..., None].to(mixed.dtype)
         mixed, conv = self.convolve(mixed, cache.conv if cache is not None else None)
         q, k, v = (t.unflatten(-1, (-1, D)).transpose(1, 2) for t in mixed.split([Hk * D, Hk * D, C], dim=-1))
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # gpt.interpret's hook points, as the core's
         g, beta = self.gates(x, ctx.token_mask)
         state = cache.state if cache is not None else None
         if T == 1:  # decoding: one recurrent step, constant work
@@ -125,6 +126,7 @@ class DeltaNetAttention(CausalSelfAttention):
             cache.state, cache.conv = state, conv
         if self.recorded is not None:  # gpt.kernels.recording: the weight each value gets, these tokens' own
             self.recorded.append(delta_rule.weights(q, k, g, beta).float().detach())
+        o = self.hook_z(o)  # (B, H, T, D): each head's read of its state, before the norm and the output gate
         o = self.o_norm(o.transpose(1, 2)) * F.silu(self.c_gate(x)).unflatten(-1, (-1, D))  # (B, T, H, D)
         return self.resid_dropout(self.c_proj(o.flatten(2)))
 
@@ -203,6 +205,7 @@ class DeltaNet(Design):
                             for t in range(T)], dim=1)
         mixed = conv * torch.sigmoid(conv)
         q, k, v = (t.unflatten(-1, (-1, D)).transpose(1, 2) for t in mixed.split([Hk * D, Hk * D, C], dim=-1))
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # gpt.interpret's hook points, as the core's
         softplus = torch.log1p(torch.exp(reference.project(attn.c_decay, x) + attn.dt_bias.double()))
         g = (-torch.exp(attn.A_log.double()) * softplus).transpose(1, 2)
         beta = torch.sigmoid(reference.project(attn.c_beta, x)).transpose(1, 2)

@@ -58,7 +58,7 @@ class DiffAttention(CausalSelfAttention):
 
     def attention_map(self, calls: list[Tensor]) -> Tensor:
         """The picture of this layer: the differential map w1 - lambda w2 of its two kernel calls."""
-        return calls[0] - self.diff_lambda().detach().float() * calls[1]
+        return calls[0] - self.diff_lambda().detach().to(calls[0].dtype) * calls[1]
 
 
 class Diff(Design):
@@ -117,6 +117,26 @@ class Diff(Design):
             y[b, i, h] = diff / torch.sqrt((diff * diff).mean() + 1e-5) * attn.subln.weight.double() * (
                 1 - attn.lambda_init)
         return reference.output(attn, config, x, y)
+
+    def ref_pattern(self, attn, x, config) -> Tensor:
+        """Its declared pattern in float64: the differential map w1 - lambda w2 of each head (B, H, T, T)."""
+        w1, w2 = self.ref_maps(attn, x, config)
+        lq1, lk1, lq2, lk2 = (getattr(attn, f"lambda_{n}").detach().double() for n in ("q1", "k1", "q2", "k2"))
+        return w1 - (math.exp(float(lq1 @ lk1)) - math.exp(float(lq2 @ lk2)) + attn.lambda_init) * w2
+
+    def ref_maps(self, attn, x, config) -> tuple[Tensor, Tensor]:
+        """Its two softmax maps in float64, each from one half of q and k through the parts: (B, H, T, T) each."""
+        q, k, _ = reference.heads(attn, x, config)
+        D, d = config.head_dim, config.head_dim // 2
+        maps = torch.zeros(2, x.size(0), config.n_head, x.size(1), x.size(1), dtype=torch.float64)
+        for b, h, kv, i in reference.queries(config, x):
+            keys = reference.keys_of(config, i)
+            for m, half in enumerate((slice(0, d), slice(d, D))):
+                qi = reference.transformed(attn, config, q[b, i, h, half], i, "q")
+                s = torch.stack([reference.transformed(attn, config, k[b, j, kv, half], j, "k") @ qi
+                                 for j in keys]) / math.sqrt(d)
+                maps[m, b, h, i, keys] = reference.weights(attn, config, s, i, keys, h)
+        return maps[0], maps[1]
 
 
 register(Diff())

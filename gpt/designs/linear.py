@@ -61,11 +61,11 @@ def causal_linear_attention(
 
 def linear_weights(q: Tensor, k: Tensor, feature: str = "elu1", key_mask: Tensor | None = None) -> Tensor:
     """The weights causal_linear_attention gives each earlier key (for pictures): (B, H, T, T), rows summing to ~1."""
-    group = q.size(1) // k.size(1)
-    fk = feature_map(feature, k.float())
+    group, dtype = q.size(1) // k.size(1), torch.promote_types(q.dtype, torch.float32)  # a float64 model's stay
+    fk = feature_map(feature, k.to(dtype))
     if key_mask is not None:
         fk = fk * key_mask[:, None, :, None].to(fk.dtype)
-    weights = (feature_map(feature, q.float()) @ fk.repeat_interleave(group, dim=1).transpose(-2, -1)).tril()
+    weights = (feature_map(feature, q.to(dtype)) @ fk.repeat_interleave(group, dim=1).transpose(-2, -1)).tril()
     return weights / (weights.sum(-1, keepdim=True) + EPS)
 
 
@@ -162,6 +162,18 @@ class Linear(Design):
                              for j in range(i + 1)])  # (i + 1,) positive
             y[b, i, h] = (w @ v[b, : i + 1, kv]) / (w.sum() + EPS)
         return reference.output(attn, config, x, y)
+
+    def ref_pattern(self, attn, x, config) -> Tensor:
+        """Its implied weights in float64: w_j / (sum_j w_j + eps), w_j = phi(q).phi(k_j), j <= i: (B, H, T, T)."""
+        phi = lambda t: torch.where(t > 0, t + 1, torch.exp(t))  # noqa: E731  elu(x) + 1, written out
+        q, k, _ = reference.heads(attn, x, config)
+        out = torch.zeros(x.size(0), config.n_head, x.size(1), x.size(1), dtype=torch.float64)
+        for b, h, kv, i in reference.queries(config, x):
+            qi = phi(reference.transformed(attn, config, q[b, i, h], i, "q"))
+            w = torch.stack([qi @ phi(reference.transformed(attn, config, k[b, j, kv], j, "k"))
+                             for j in range(i + 1)])
+            out[b, h, i, : i + 1] = w / (w.sum() + EPS)
+        return out
 
 
 register(Linear())

@@ -161,5 +161,20 @@ class Latent(Design):
             y[b, i, h] = reference.softmax(attn, config, s, i, keys, h, v[b, keys, h])
         return reference.output(attn, config, x, y)
 
+    def ref_pattern(self, attn, x, config) -> Tensor:
+        """Its softmax weights in float64 over the content and decoupled rotary scores: (B, H, T, T)."""
+        H, D, R = config.n_head, config.head_dim, config.mla_rope_dim
+        q_c = reference.project(attn.query, x).unflatten(-1, (H, D))
+        q_r = reference.project(attn.q_rope, x).unflatten(-1, (H, R))
+        k_c = reference.project(attn.k_up, reference.project(attn.kv_down, x)).unflatten(-1, (H, D))
+        k_r = reference.project(attn.k_rope, x)
+        out = torch.zeros(x.size(0), H, x.size(1), x.size(1), dtype=torch.float64)
+        for b, h, _, i in reference.queries(config, x):
+            keys = reference.keys_of(config, i)
+            s = torch.stack([q_c[b, i, h] @ k_c[b, j, h] + rotate(q_r[b, i, h], i) @ rotate(k_r[b, j], j)
+                             for j in keys]) / math.sqrt(D + R)
+            out[b, h, i, keys] = reference.weights(attn, config, s, i, keys, h)
+        return out
+
 
 register(Latent())

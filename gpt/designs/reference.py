@@ -75,11 +75,36 @@ def transformed(attn: nn.Module, config: Any, x: Tensor, position: int, kind: st
 def softmax(attn: nn.Module, config: Any, s: Tensor, i: int, keys: list[int], head: int, values: Tensor) -> Tensor:
     """The parts' score modifiers on query i's scores s (len(keys),), the softmax (with the parts' sinks in the
     denominator), the weighted sum of values (len(keys), Dv)."""
+    return weights(attn, config, s, i, keys, head) @ values
+
+
+def weights(attn: nn.Module, config: Any, s: Tensor, i: int, keys: list[int], head: int) -> Tensor:
+    """Query i's attention weights (len(keys),): the parts' score modifiers on its scores s, then the softmax with
+    the parts' sinks in the denominator."""
     parts = registry.active(config)
     for part in parts:
         s = part.ref_score(attn, s, i, keys, head)
     e = torch.exp(s)
-    return (e / (e.sum() + sum(part.ref_sink(attn, head) for part in parts))) @ values
+    return e / (e.sum() + sum(part.ref_sink(attn, head) for part in parts))
+
+
+def pattern(attn: nn.Module, x: Tensor, config: Any) -> Tensor:
+    """The float64 attention pattern (B, H, T, T) the layer ``attn`` shows for x (B, T, C): what hook_pattern holds
+    (gpt.interpret), the declared one of a layer design (Design.ref_pattern)."""
+    own = next((d for d in registry.active(config) if d.layer is not None), None)
+    return own.ref_pattern(attn, x, config) if own is not None else softmax_pattern(attn, x, config)
+
+
+def softmax_pattern(attn: nn.Module, x: Tensor, config: Any) -> Tensor:
+    """GPT-2's attention weights with the active parts, one query and head at a time: (B, H, T, T)."""
+    q, k, _ = heads(attn, x, config)
+    out = torch.zeros(x.size(0), config.n_head, x.size(1), x.size(1), dtype=torch.float64)
+    for b, h, kv, i in queries(config, x):
+        keys = keys_of(config, i)
+        qi = transformed(attn, config, q[b, i, h], i, "q")
+        s = torch.stack([transformed(attn, config, k[b, j, kv], j, "k") @ qi for j in keys]) / math.sqrt(q.size(-1))
+        out[b, h, i, keys] = weights(attn, config, s, i, keys, h)
+    return out
 
 
 def softmax_layer(attn: nn.Module, x: Tensor, config: Any) -> Tensor:

@@ -17,8 +17,7 @@ import torch
 from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resolve_precision
 from gpt.errors import ConfigError, UserError, check_positive
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer
-from gpt.inference.decoding import stream
-from gpt.inference.sampling import check_sampling
+from gpt.inference.decoding import check_sampling, stream
 from gpt.inference.text import TextStream, unescape
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig

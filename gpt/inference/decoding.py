@@ -3,8 +3,9 @@
 ``prefill`` and ``decode_step`` are the two model calls, kept apart so each can be compiled on its own
 (the prompt's shape varies, a decode step's does not: the cache reads fixed shapes, so ``compiled_decode_step``
 compiles it once, gpt-fast's decode_one_token). ``stream`` builds the loop on them: left padding
-for prompts of different lengths, a context window that slides past block_size, stop tokens. Turning
-logits into a token is gpt.inference.sampling's job; the model itself knows nothing of either.
+for prompts of different lengths, a context window that slides past block_size, stop tokens. At the end, what
+turns logits into a token (temperature, top-k, nucleus; one row or rows with settings of their own, as the server
+samples); the model itself knows nothing of either.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from gpt.inference.sampling import check_sampling, sample_next
+from gpt.errors import ConfigError
 from gpt.kernels.backends import compute_dtype, pin_for
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache
@@ -168,3 +169,66 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
     if "\n" in getattr(tokenizer, "stoi", {}):
         return tokenizer.encode("\n")
     return [0]
+
+
+# --- logits to a token: temperature, top-k and nucleus (top-p) filtering, greedy or random choice -------------
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Refuse sampling settings that have no meaning, naming the setting."""
+    if not temperature >= 0:  # NaN too
+        raise ConfigError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and not top_k > 0:
+        raise ConfigError(f"top_k must be a positive integer or null, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Tensor:
+    """Set to -inf every logit outside the top k, and outside the smallest set whose probability exceeds top_p."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits.float(), dim=-1).cumsum(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p. The first always stays, also when
+        # top_p is so small (subnormal) that it rounds to 0 in float32 and "0 >= top_p" would drop it too.
+        drop_sorted = (cumulative - torch.softmax(sorted_logits.float(), dim=-1)) >= top_p
+        drop_sorted[..., 0] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def probabilities(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """The distribution a token is drawn from (temperature > 0): softmax of the filtered logits / temperature."""
+    # The best logit is 0 before dividing, so a tiny temperature sends the others to -inf, never to +inf; one below
+    # float32's smallest normal (a subnormal, which float32 reads as 0) is taken as that smallest normal: the same
+    # all but greedy choice, where dividing by 0 made NaN probabilities.
+    logits = logits.float()
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    logits = filter_logits(logits / max(temperature, torch.finfo(torch.float32).tiny), top_k, top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Pick one token per row from (B, vocab) logits; temperature 0 means greedy. Returns (B, 1)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(probabilities(logits, temperature, top_k, top_p), num_samples=1, generator=generator)
+
+
+def sample_rows(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                generators: list[torch.Generator]) -> Tensor:
+    """Like sample_next, but row i draws with generators[i]: each row gets the token sample_next would give it alone
+    with that generator (a server's requests, batched, each with its own seed). Returns (B, 1)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = probabilities(logits, temperature, top_k, top_p)  # (B, vocab), computed once for the rows
+    return torch.cat([torch.multinomial(probs[i : i + 1], 1, generator=g) for i, g in enumerate(generators)])

@@ -11,8 +11,7 @@ import torch
 
 from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resolve_precision
 from gpt.errors import ConfigError, UserError, check_positive
-from gpt.inference.decoding import prompt_ids, stream
-from gpt.inference.sampling import check_sampling
+from gpt.inference.decoding import check_sampling, prompt_ids, stream
 from gpt.inference.text import TextStream, unescape
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig

@@ -24,18 +24,20 @@ FORMATS = ("hf", "native", "gguf")  # export layouts: for transformers (the defa
 def export(state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out_dir: str | Path,
            format: str = "hf", overwrite: bool = False, gguf_type: str = "f16") -> Path:
     """Write an export folder: format=hf, what transformers opens with AutoTokenizer and AutoModelForCausalLM (the
-    target of gpt.interop.targets.choose: GPT2LMHeadModel, Starcoder2ForCausalLM or remote code; model.safetensors,
-    config.json, generation_config.json, tokenizer files); format=native, this project's names and config.json.
+    target of gpt.interop.targets.choose: GPT2LMHeadModel, Starcoder2ForCausalLM, GPTNeoForCausalLM or remote code;
+    model.safetensors, config.json, generation_config.json, tokenizer files); format=native, this project's names
+    and config.json.
 
-    Both read back losslessly (load_weights). An out_dir holding another export is refused unless overwrite.
+    Both read back losslessly (load_weights; GPT-Neo's q_proj, which holds the 1/sqrt(head_dim) scale, within one
+    rounding unless that scale is a power of two). An out_dir holding another export is refused unless overwrite.
     format=gguf writes out_dir/model-<gguf_type>.gguf (or out_dir itself when it ends in .gguf; gpt.interop.gguf)
     and returns that file's path.
     """
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
-    if config.layers is not None and format != "native":  # every other writer reads one design set for all layers
+    if config.layers is not None and format == "gguf":  # its writer reads one design set for all layers
         raise UserError(f"model.layers={spell(config.layers)} is a layout (a kind per layer), which format={format} "
-                        "cannot hold yet: its writers describe one attention design for every layer",
+                        "cannot hold yet: its writer describes one attention design for every layer",
                         hint="export it with format=native (this project's own layout, read back losslessly)")
     out = Path(out_dir).expanduser()
     if format == "gguf":  # one file, model-<gguf_type>.gguf, beside whatever else the folder holds

@@ -1,8 +1,9 @@
 """format=hf for every design: the transformers architecture that computes a model's forward exactly, and the folder
 it is written as; and the way back, which reads weights and this project's own config only (never code).
 
-Three targets, tried in order: GPT-2 (gpt.interop.hf: GPT2LMHeadModel), Starcoder2 (RoPE with grouped-query heads and a
-sliding window: Starcoder2ForCausalLM), and remote code (GPTAttentionForCausalLM: gpt/interop/modeling/core.py
+Four targets, tried in order: GPT-2 (gpt.interop.hf: GPT2LMHeadModel), Starcoder2 (RoPE with grouped-query heads and a
+sliding window: Starcoder2ForCausalLM), GPT-Neo for a layout whose kinds differ only by window (gpt.interop.gptneo:
+GPTNeoForCausalLM), and remote code (GPTAttentionForCausalLM: gpt/interop/modeling/core.py
 plus each design's registered part, ``Design.modeling``, loaded with ``trust_remote_code=True``).
 """
 
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 
 from gpt.errors import UserError
-from gpt.interop import hf
+from gpt.interop import gptneo, hf
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
 from gpt.model.state import model_config_from
@@ -27,7 +28,7 @@ DESIGN_FILE = "design_{}.py"  # each active design's part beside it
 STARCODER2_ACT = {"gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu", "relu2": "relu2"}  # transformers' ACT2FN names
 ROPE_THETA = 10000.0  # gpt.designs.rope's base
 WHAT = {"gpt2": "transformers GPT2LMHeadModel (standard architecture)",
-        "starcoder2": "transformers Starcoder2ForCausalLM (standard architecture)",
+        "starcoder2": "transformers Starcoder2ForCausalLM (standard architecture)", "gptneo": gptneo.WHAT,
         "remote": f"remote code: {MODELING} in the folder, load with trust_remote_code=True"}
 
 
@@ -42,26 +43,33 @@ def starcoder2_mismatch(config: GPTConfig) -> str | None:
 
 
 def choose(config: GPTConfig) -> str:
-    """The target that computes this model exactly: gpt2, starcoder2 or remote; a one-line UserError if none does."""
-    try:
-        hf.check_representable(config)
-        return "gpt2"
-    except UserError:
-        pass
-    why = starcoder2_mismatch(config)
-    if why is None:
-        return "starcoder2"
-    if config.rope_scaling is not None:
-        raise UserError(f"model.rope_scaling ({config.rope_scaling['rope_type']}) cannot be exported for transformers "
-                        f"with these designs: only Starcoder2 (RoPE alone, LayerNorm) carries it, and {why}",
-                        hint="pass format=native")
-    missing = [d for d in designs.active(config) if not d.modeling]
+    """The target that computes this model exactly: gpt2, starcoder2, gptneo (layouts) or remote; a one-line
+    UserError if none does."""
+    if config.layers is not None:  # GPT-2's and Starcoder2's layers are all alike
+        if gptneo.mismatch(config) is None:
+            return "gptneo"
+    else:
+        try:
+            hf.check_representable(config)
+            return "gpt2"
+        except UserError:
+            pass
+        if starcoder2_mismatch(config) is None:
+            return "starcoder2"
+    scaled = next((kind for kind in config.kinds().values() if kind.rope_scaling is not None), None)
+    if scaled is not None:  # the remote-code core rotates unscaled
+        where = "model.rope_scaling" if scaled.kind is None else f"model.layer_kinds.{scaled.kind}'s rope_scaling"
+        raise UserError(f"{where} ({scaled.rope_scaling['rope_type']}) cannot be exported for transformers here: "
+                        "only Starcoder2 (a uniform model, RoPE alone, LayerNorm) carries it, and the remote-code "
+                        "export does not", hint="pass format=native")
+    missing = [(kind, d) for kind in config.kinds().values() for d in designs.active(kind) if not d.modeling]
     if missing:
-        d = missing[0]
-        raise UserError(f"{d.setting(config)} cannot be exported for transformers: no standard architecture holds "
-                        f"design {d.name} and it registers no modeling source (Design.modeling)",
+        kind, d = missing[0]
+        where = "" if kind.kind is None else f"model.layer_kinds.{kind.kind}: "
+        raise UserError(f"{where}{d.setting(kind)} cannot be exported for transformers: no standard architecture "
+                        f"holds design {d.name} and it registers no modeling source (Design.modeling)",
                         hint="pass format=native, or give the design a modeling file (docs/designs.md)")
-    for d in designs.active(config):
+    for d in designs.active_anywhere(config):
         if not Path(d.modeling).is_file():
             raise UserError(f"design {d.name}'s modeling source {d.modeling} does not exist",
                             hint="fix Design.modeling, or pass format=native")
@@ -159,13 +167,23 @@ def remote_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch.dty
     return {"architectures": ["GPTAttentionForCausalLM"], "model_type": "gpt_attention", "auto_map": auto,
             **common(config, tokenizer, dtype), "max_position_embeddings": config.block_size,
             "n_positions": config.block_size, "model_config": config.to_dict(),
-            "designs": [d.name for d in designs.active(config)]}
+            "designs": [d.name for d in designs.active(config)], **remote_layout(config)}
+
+
+def remote_layout(config: GPTConfig) -> dict[str, Any]:
+    """A layout's layers for the remote-code core: each layer's kind, and each kind's config, designs (hook order)
+    and per-layer design settings (RoPE's base); nothing for a uniform model, whose export is as before."""
+    if config.layers is None:
+        return {}
+    kinds = {name: {"model_config": kind.to_dict(), "designs": [d.name for d in designs.active(kind)],
+                    "options": kind.kind_options} for name, kind in config.kinds().items()}
+    return {"layer_kinds": [config.kind_of(i) for i in range(config.n_layer)], "kinds": kinds}
 
 
 def remote_files(config: GPTConfig) -> dict[str, str]:
     """modeling_gpt_attention.py (the core, its DESIGN_PARTS filled in) and each active design's part file."""
     core = Path(designs.modeling_file("core")).read_text()
-    active = designs.active(config)
+    active = designs.active_anywhere(config)
     lines = [f"from .{DESIGN_FILE.format(d.name)[:-3]} import Part as _{d.name}" for d in active]
     table = "DESIGN_PARTS: dict = {" + ", ".join(f'"{d.name}": _{d.name}' for d in active) + "}"
     marker = re.search(r"^DESIGN_PARTS: dict = \{\}.*$", core, flags=re.M)
@@ -181,10 +199,13 @@ def remote_state(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tenso
 
 
 def write(target: str, state: dict[str, Tensor], config: GPTConfig, tokenizer: dict[str, Any], out: Path) -> None:
-    """Write a starcoder2 or remote export folder (GPT-2's is gpt.interop.formats.export's)."""
-    tensors = to_starcoder2(state, config) if target == "starcoder2" else remote_state(state, config)
+    """Write a starcoder2, gptneo or remote export folder (GPT-2's is gpt.interop.formats.export's)."""
     dtype = state["transformer.wte.weight"].dtype
-    cfg = (starcoder2_config if target == "starcoder2" else remote_config)(config, tokenizer, dtype)
+    if target == "gptneo":
+        tensors, cfg = gptneo.to_neo(state, config), gptneo.neo_config(config, common(config, tokenizer, dtype))
+    else:
+        tensors = to_starcoder2(state, config) if target == "starcoder2" else remote_state(state, config)
+        cfg = (starcoder2_config if target == "starcoder2" else remote_config)(config, tokenizer, dtype)
     cfg[hf.META_KEY] = meta(config, tokenizer, target)
     files = {**hf.tokenizer_files(tokenizer, config.block_size),
              "generation_config.json": json.dumps(hf.generation_config(config, tokenizer), indent=1),
@@ -196,7 +217,7 @@ def write(target: str, state: dict[str, Tensor], config: GPTConfig, tokenizer: d
 # --- reading back: weights and this project's config.json entry, never the modeling file --------------------------
 
 def is_folder(path: str | Path) -> bool:
-    """A starcoder2 or remote-code export written here: config.json with our description, and weights."""
+    """A starcoder2, gptneo or remote-code export written here: config.json with our description, and weights."""
     path = Path(path)
     if not (path.is_dir() and (path / "config.json").is_file() and (path / hf.WEIGHTS).is_file()):
         return False
@@ -204,7 +225,8 @@ def is_folder(path: str | Path) -> bool:
         cfg = hf.read_json(path / "config.json")
     except UserError:
         return False
-    return cfg.get("model_type") in ("starcoder2", "gpt_attention") and isinstance(cfg.get(hf.META_KEY), dict)
+    own = isinstance(cfg.get(hf.META_KEY), dict)
+    return cfg.get("model_type") in ("starcoder2", "gpt_neo", "gpt_attention") and own
 
 
 def read_folder(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[str, Any], str]:
@@ -212,14 +234,14 @@ def read_folder(path: str | Path) -> tuple[GPTConfig, dict[str, Tensor], dict[st
     folder = Path(path)
     cfg = hf.read_json(folder / "config.json")
     own = cfg[hf.META_KEY]
-    if not isinstance(own.get("model_config"), dict) or own.get("target") not in ("starcoder2", "remote"):
+    if not isinstance(own.get("model_config"), dict) or own.get("target") not in ("starcoder2", "gptneo", "remote"):
         raise UserError(f"{folder / 'config.json'}: {hf.META_KEY} must name a target and hold a model_config object",
                         hint="the file was edited or damaged: export the model again")
     config = model_config_from(own["model_config"], folder / "config.json")
     tensors = hf.load_safetensors(folder / hf.WEIGHTS)
-    if own["target"] == "starcoder2":
+    if own["target"] in ("starcoder2", "gptneo"):
         try:
-            state = from_starcoder2(tensors, config)
+            state = (from_starcoder2 if own["target"] == "starcoder2" else gptneo.from_neo)(tensors, config)
         except KeyError as err:
             raise UserError(f"{folder / hf.WEIGHTS} has no tensor {err}", hint="export the model again") from None
         except RuntimeError as err:  # q, k, v projections whose shapes do not stack

@@ -157,6 +157,11 @@ class Design:
         """A layer design's whole layer in float64 (x (B, T, C) -> (B, T, C)); parts use the core's."""
         raise NotImplementedError(f"design {self.name} has no float64 reference")
 
+    def ref_pattern(self, layer: Any, x: Tensor, config: GPTConfig) -> Tensor:
+        """A layer design's attention pattern (B, H, T, T) in float64: what its pictures and gpt.interpret's
+        hook_pattern show (its ``view``); parts use the core's softmax weights."""
+        raise NotImplementedError(f"design {self.name} declares no float64 pattern")
+
 
 def modeling_file(name: str) -> str:
     """The path of a built-in design's remote-code part, gpt/interop/modeling/<name>.py: a file an export copies

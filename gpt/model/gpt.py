@@ -23,6 +23,7 @@ from gpt import kernels
 from gpt.model import design as designs
 from gpt.model.activations import ACTIVATIONS
 from gpt.model.config import GPTConfig
+from gpt.model.hooks import add_hook_points
 from gpt.model.kv_cache import KVCache, Slots, Step
 
 
@@ -69,6 +70,8 @@ class CausalSelfAttention(nn.Module):
         self.parts = designs.active(config)  # a plain list of Design objects: their hooks act on this layer
         for part in self.parts:
             part.build(self, config)
+        add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_z", heads=True)  # (B, H, T, D) tensors
+        add_hook_points(self, "hook_attn_scores", "hook_pattern")  # called by gpt.interpret's kernels
 
     @classmethod
     def qk_width(cls, config: GPTConfig) -> int:
@@ -82,7 +85,8 @@ class CausalSelfAttention(nn.Module):
         """x (B, T, C) -> (B, T, C); with a cache, the new keys are stored and the queries attend to what it returns."""
         B, T, C = x.shape
         q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
-        y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        y = self.hook_z(self.attend(q, k, v, ctx))  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         for part in self.parts:  # an output gate
             y = part.output(self, y, x, ctx)
@@ -157,10 +161,12 @@ class Block(nn.Module):
         self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
         self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
+        add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
-        x = x + self.attn(self.ln_1(x), ctx)
-        return x + self.mlp(self.ln_2(x))
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln_1(x), ctx)))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
 
 
 class GPT(nn.Module):
@@ -180,6 +186,7 @@ class GPT(nn.Module):
         if config.tie_head:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying, as GPT-2
         self.designs = {name: designs.active(kind) for name, kind in kinds.items()}  # per-forward values, per kind
+        add_hook_points(self, "hook_embed", "hook_pos_embed", "hook_final")  # hook_final: ln_final.hook_normalized
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: / sqrt(2 * n_layer); zero_init_proj: std 0 (same draws)
@@ -209,13 +216,13 @@ class GPT(nn.Module):
         key_mask (B, T) marking real tokens of left-padded rows, and a KVCache to fill and reuse.
         """
         contexts = self.contexts(idx, positions, key_mask, cache)
-        x = self.transformer.wte(idx)  # (B, T, C)
+        x = self.hook_embed(self.transformer.wte(idx))  # (B, T, C)
         if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(next(iter(contexts.values())).positions)
+            x = x + self.hook_pos_embed(self.transformer.wpe(next(iter(contexts.values())).positions))
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, contexts[block.kind])
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        logits = self.lm_head(self.hook_final(self.transformer.ln_f(x)))  # (B, T, vocab)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from gpt.arena.plan import parse_variant, variant_name
+from gpt.arena.plan import parse_variant, sized, variant_name
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, check_positive
 from gpt.files import output_path
@@ -131,7 +131,7 @@ def design_model(cfg: ProbeConfig, spec: str, task: Task) -> GPTConfig:
     values = {**base, **overrides, "block_size": max(need, overrides.get("block_size", need))}
     values["vocab_size"] = max(task.vocab_size, values.get("vocab_size") or 0)
     try:
-        return ModelConfig(**values).build(task.vocab_size)
+        return ModelConfig(**sized(values)).build(task.vocab_size)  # a layout preset: its window per context
     except ConfigError as err:
         raise ConfigError(f"design {spec!r} cannot run {task.name}: {err}", hint=err.hint) from None
 

@@ -4,7 +4,7 @@ A thread per model runs the loop of gpt.inference.decoding.stream (prefill, one 
 sliding by half past block_size) over the slots of a cache pool (gpt.serve.cache_pool): a joining sequence is prefilled
 alone into a free slot, every step then decodes all slots in use at once, a finished or cancelled one gives its slot
 back at once; nothing is rebuilt. Each samples with its own settings and its own torch.Generator
-(gpt.inference.sampling.sample_rows), so a request gets the text it would get alone, the text scripts/generate.py
+(gpt.inference.decoding.sample_rows), so a request gets the text it would get alone, the text scripts/generate.py
 prints for the same seed and settings. A context that slides is prefilled again alone, as stream does.
 """
 
@@ -22,8 +22,7 @@ import torch
 from torch import Tensor
 
 from gpt.errors import UserError
-from gpt.inference.decoding import left_pad, prefill
-from gpt.inference.sampling import sample_rows
+from gpt.inference.decoding import left_pad, prefill, sample_rows
 from gpt.inference.text import TextStream
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache, refusal
@@ -346,7 +345,7 @@ class Engine:
 
     def _sample(self, rows: list[Sequence], logits: Tensor) -> None:
         """Each row's next token from its logits (B, vocab) and its own generator, rows with the same settings drawn
-        together (gpt.inference.sampling.sample_rows); the outputs delivered, finished rows' slots given back."""
+        together (gpt.inference.decoding.sample_rows); the outputs delivered, finished rows' slots given back."""
         groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(rows):
             s = seq.sampling

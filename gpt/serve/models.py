@@ -9,8 +9,7 @@ from dataclasses import dataclass, fields
 
 from gpt.errors import UserError
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer, RenderersBusy
-from gpt.inference.decoding import prompt_ids
-from gpt.inference.sampling import check_sampling
+from gpt.inference.decoding import check_sampling, prompt_ids
 from gpt.model import GPT
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig

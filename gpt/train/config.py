@@ -48,6 +48,7 @@ class TrainConfig:
     log_interval: int = 10
     sample_tokens: int = 200  # length of the samples (TensorBoard at each eval, log at the end; 0: none)
     pictures: bool = True  # one layer's attention maps in TensorBoard at each eval (false: none; ~0.3 s each)
+    heads: bool = False  # at each eval: the best head's induction score and the in-context loss in TensorBoard
     compile: bool = False  # wrap the model in torch.compile (eager, with one message, where unavailable)
     skip_nonfinite: int = 0  # steps with a NaN/Inf loss or gradient norm that may be skipped before stopping
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory, ~1/3 slower)

@@ -227,6 +227,10 @@ class Trainer:
             self.records.pictures(lambda writer: visuals.log_samples(
                 writer, state.model, self.data, train.sample_tokens, self.run.seed, self.device, self.autocast, step,
                 pictures=train.pictures))
+        if train.heads and not train.fsdp:
+            self.records.pictures(lambda writer: self.records.say(f"step {step} heads: " + ", ".join(
+                f"{name[6:]} {value:.4f}" for name, value in visuals.log_heads(
+                    writer, state.model, self.data, step, self.device, self.run.seed).items())))
         self.checkpointer.save(state, best=improved, keep=train.keep_checkpoints)
         bpb = f", val bpb {val['bpb']:.4f}" if val["bpb"] is not None else ""
         self.records.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "

@@ -66,6 +66,23 @@ def log_samples(writer, model: GPT, data: TokenData, n_tokens: int, seed: int, d
         model.train(was_training)
 
 
+def log_heads(writer, model: GPT, data: TokenData, step: int, device, seed: int) -> dict[str, float]:
+    """The best head's previous-token and induction scores on repeated random tokens (gpt.interpret.heads) and the
+    in-context loss of 8 validation windows, as TensorBoard scalars (heads/...): when induction heads form."""
+    from gpt.interpret import heads
+
+    scores = heads.detect(model, batch=8, seed=seed, pool=heads.token_pool(data.tokenizer, model.config.vocab_size))
+    block = model.config.block_size
+    starts = torch.randint(len(data.splits["val"]) - block - 1, (8,), generator=torch.Generator().manual_seed(seed))
+    x, y = data.windows("val", starts.tolist(), block, device)
+    values = {"heads/induction_best": float(scores["induction"].max()),
+              "heads/previous_token_best": float(scores["previous_token"].max()),
+              "heads/in_context_loss": heads.in_context_loss(model, torch.cat([x, y[:, -1:]], dim=1))}
+    for name, value in values.items():
+        writer.add_scalar(name, value, step)
+    return values
+
+
 # viridis (matplotlib's default colour map) at 0, 1/8, ..., 1; the colours between are interpolated linearly
 VIRIDIS = np.array([[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 145, 140], [39, 173, 129],
                     [92, 200, 99], [170, 220, 50], [253, 231, 37]], dtype=np.float32)

@@ -79,7 +79,7 @@ def test_the_layer_equals_transformers_qwen3_next_gated_deltanet(n_kv_head):
     attn = model.transformer.h[1].attn
     theirs = qwen3_next_layer(attn, model.config)
     x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(4))
-    ctx = model.context(torch.zeros(2, 40, dtype=torch.long), None, None, None)
+    ctx = model.contexts(torch.zeros(2, 40, dtype=torch.long), None, None, None)[None]
     with torch.no_grad():
         mine, expected = attn(x, ctx), theirs(x)
     assert expected.abs().max() > 0.1  # the comparison means something
@@ -128,3 +128,21 @@ def test_the_built_in_designs_commands_of_the_docs_run_as_written(tmp_path, data
         result = run_script(name, *args, *extra, cwd=tmp_path, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
     assert result.stdout.strip()  # generated text
+
+
+def test_its_layer_has_the_interpretability_hook_points_and_they_can_write():
+    """gpt.interpret reads q, k, v and each head's read of the state (hook_z) of a DeltaNet layer, which has a forward
+    of its own, and a function attached to hook_z changes what the layer outputs (ablation works)."""
+    from gpt.interpret import run_with_cache
+    from gpt.interpret.hooks import hooks
+
+    model = perturbed_model(dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=50,
+                                 designs=["deltanet"]))
+    idx = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    logits, cache = run_with_cache(model, idx, ["blocks.*.attn.hook_[qkvz]"])
+    for layer in range(2):
+        assert cache[f"blocks.{layer}.attn.hook_q"].shape == (2, 9, 2, 8)  # TransformerLens' (B, T, heads, D)
+        assert cache[f"blocks.{layer}.attn.hook_v"].shape == cache[f"blocks.{layer}.attn.hook_z"].shape == (2, 9, 4, 8)
+    with hooks(model, [("blocks.1.attn.hook_z", lambda z, hook: torch.zeros_like(z))]), torch.no_grad():
+        ablated = model(idx)[0]
+    assert not torch.allclose(ablated, logits)

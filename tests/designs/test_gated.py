@@ -15,7 +15,7 @@ def test_a_closed_gate_silences_its_head_feature_by_feature():
     model = perturbed_model({**QWEN3_NEXT, "bias": True})
     attn = model.transformer.h[0].attn
     x = torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(1))
-    ctx = model.context(torch.zeros(1, 6, dtype=torch.long), None, None, None)
+    ctx = model.contexts(torch.zeros(1, 6, dtype=torch.long), None, None, None)[None]
     seen = []
     hook = attn.c_proj.register_forward_hook(lambda module, args, out: seen.append(args[0]))
     with torch.no_grad():
@@ -56,7 +56,7 @@ def test_the_layer_equals_transformers_qwen3_next_attention():
         theirs.k_norm.weight.copy_(attn.k_norm.weight - 1)
     T = 20
     x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(4))
-    ctx = model.context(torch.zeros(2, T, dtype=torch.long), None, None, None)
+    ctx = model.contexts(torch.zeros(2, T, dtype=torch.long), None, None, None)[None]
     causal = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(2, 1, T, T)
     with torch.no_grad():
         mine = attn(x, ctx)

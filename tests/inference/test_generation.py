@@ -9,8 +9,7 @@ import torch
 from conftest import run_script, save_char_model
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
-from gpt.inference.decoding import generate
-from gpt.inference.sampling import filter_logits, sample_next
+from gpt.inference.decoding import filter_logits, generate, sample_next
 from gpt.inference.text import TextStream
 from gpt.interop import formats, gpt2, hf
 from gpt.tokenizers.tokenizer import CharTokenizer

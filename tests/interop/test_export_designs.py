@@ -192,9 +192,15 @@ def test_a_scaled_rope_opens_in_transformers_with_the_same_logits_past_the_origi
 
 def test_a_scaling_only_starcoder2_holds_is_refused_elsewhere_in_one_line(tmp_path):
     model = randomised({"pos_embedding": "rope", "qk_norm": True, "rope_scaling": SCALINGS["yarn"]})
-    with pytest.raises(UserError, match=r"model.rope_scaling \(yarn\) cannot be exported for transformers with these "
-                                        r"designs: only Starcoder2 .* carries it, and Starcoder2 is RoPE alone"):
+    with pytest.raises(UserError, match=r"model.rope_scaling \(yarn\) cannot be exported for transformers here: "
+                                        r"only Starcoder2 .* carries it, and the remote-code export does not"):
         formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
+    assert not (tmp_path / "exp").exists()
+    kinds = {"S": {"window": 4, "designs": ["rope"]},
+             "L": {"designs": ["rope"], "options": {"rope": {"rope_scaling": SCALINGS["linear"]}}}}
+    layout = randomised({"layers": "SL", "layer_kinds": kinds})
+    with pytest.raises(UserError, match=r"model.layer_kinds.L's rope_scaling \(linear\) cannot be exported"):
+        formats.export(layout.state_dict(), layout.config, TOKENIZER, tmp_path / "exp")
     assert not (tmp_path / "exp").exists()
     plain = randomised({"pos_embedding": "rope", "rope_scaling": SCALINGS["linear"]})
     pytest.importorskip("gguf")

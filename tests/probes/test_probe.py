@@ -123,7 +123,8 @@ def test_a_users_design_file_gets_a_card_beside_the_built_in_ones(tmp_path):
     code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", text, flags=re.S | re.M).group(1)
     (tmp_path / "talking_heads.py").write_text(code)
     out = tmp_path / "card"
-    result = run_inline("probe", f"designs=[{tmp_path / 'talking_heads.py'}]", "probes.quick=true",
+    # a process of its own: another test in this worker may have registered the same design from another file
+    result = run_script("probe", f"designs=[{tmp_path / 'talking_heads.py'}]", "probes.quick=true",
                         "probes.designs=[gpt2,talking_heads]", "probes.tasks=[induction]", f"out_dir={out}")
     assert result.returncode == 0, result.stderr[-2000:]
     card = (out / "probes.md").read_text()

@@ -499,7 +499,7 @@ def test_gpt2_chat_inserts_special_tokens_by_id_and_refuses_forged_ones(tmp_path
 
 
 def test_sample_rows_gives_each_row_what_sample_next_gives_it_alone():
-    from gpt.inference.sampling import sample_next, sample_rows
+    from gpt.inference.decoding import sample_next, sample_rows
 
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0)) * 3
     for temperature, top_k, top_p in [(0.8, None, None), (1.3, 7, None), (1.0, None, 0.6), (0.0, None, None)]:

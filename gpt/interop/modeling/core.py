@@ -28,9 +28,11 @@ class GPTAttentionConfig(PretrainedConfig):
 
     model_type = "gpt_attention"
 
-    def __init__(self, model_config: dict | None = None, designs: list | None = None, **kwargs) -> None:
+    def __init__(self, model_config: dict | None = None, designs: list | None = None, layer_kinds: list | None = None,
+                 kinds: dict | None = None, **kwargs) -> None:
         self.model_config = dict(model_config or {})
         self.designs = list(designs or [])
+        self.layer_kinds, self.kinds = layer_kinds, kinds  # a layout: each layer's kind, each kind's config (or None)
         kwargs.setdefault("tie_word_embeddings", self.model_config.get("tie_head", True))
         super().__init__(**kwargs)
         for name in ("n_layer", "n_head", "n_embd", "vocab_size"):
@@ -75,9 +77,9 @@ class Attention(nn.Module):
     A layer part (one with ``attend`` or ``qkv``, or ``forward``: all of them) replaces those steps as the design's
     own layer does."""
 
-    def __init__(self, mc: dict, layer: int, parts: list) -> None:
+    def __init__(self, mc: dict, layer: int, parts: list, options: dict | None = None) -> None:
         super().__init__()
-        self.layer, self.parts = layer, parts
+        self.layer, self.parts, self.options = layer, parts, options or {}  # options: per-layer design settings
         self.n_head, self.n_kv_head = mc["n_head"], mc.get("n_kv_head") or mc["n_head"]
         self.head_dim = mc["n_embd"] // mc["n_head"]
         self.own = next((p for p in parts if hasattr(p, "attend") or hasattr(p, "qkv") or hasattr(p, "forward")),
@@ -146,16 +148,32 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, mc: dict, layer: int, parts: list) -> None:
+    def __init__(self, mc: dict, layer: int, parts: list, options: dict | None = None) -> None:
         super().__init__()
         self.ln_1 = norm_layer(mc)
-        self.attn = Attention(mc, layer, parts)
+        self.attn = Attention(mc, layer, parts, options)
         self.ln_2 = norm_layer(mc)
         self.mlp = MLP(mc)
 
     def forward(self, x, ctx):
         x = x + self.attn(self.ln_1(x), ctx)
         return x + self.mlp(self.ln_2(x))
+
+
+class Kind:
+    """One kind of layer: its config (the model's, with its window and designs), its parts, its design settings.
+    A uniform model is one kind, named None."""
+
+    def __init__(self, mc: dict, designs: list, options: dict | None = None) -> None:
+        self.mc, self.parts, self.options = mc, [DESIGN_PARTS[name]() for name in designs], options or {}
+
+
+def kinds_of(config) -> tuple[dict, list]:
+    """Each kind by name, and each layer's kind name (a layout's, or one kind for a uniform model)."""
+    if not config.kinds:
+        return {None: Kind(config.model_config, config.designs)}, [None] * config.model_config["n_layer"]
+    kinds = {name: Kind(k["model_config"], k["designs"], k.get("options")) for name, k in config.kinds.items()}
+    return kinds, list(config.layer_kinds)
 
 
 class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
@@ -168,12 +186,14 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: GPTAttentionConfig) -> None:
         super().__init__(config)
         mc = config.model_config
-        self.parts = [DESIGN_PARTS[name]() for name in config.designs]
-        positional = any(getattr(p, "positional", False) for p in self.parts)
+        self.kinds, self.layer_kinds = kinds_of(config)
+        positional = any(getattr(p, "positional", False) for kind in self.kinds.values() for p in kind.parts)
         self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(mc["vocab_size"], mc["n_embd"])))
-        if not positional:
+        if not positional:  # no layer brings positions: the learned table, below the first layer (GPT-2's)
             self.transformer.wpe = nn.Embedding(mc["block_size"], mc["n_embd"])
-        self.transformer.h = nn.ModuleList([Block(mc, i, self.parts) for i in range(mc["n_layer"])])
+        kinds = [self.kinds[name] for name in self.layer_kinds]
+        self.transformer.h = nn.ModuleList([Block(kind.mc, i, kind.parts, kind.options)
+                                            for i, kind in enumerate(kinds)])
         self.transformer.ln_f = norm_layer(mc)
         self.lm_head = nn.Linear(mc["n_embd"], mc["vocab_size"], bias=False)
         self.post_init()
@@ -187,19 +207,20 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def context(self, input_ids, attention_mask, position_ids) -> Context:
-        """The causal (sliding-window) rule, the parts' masks, padding; the parts' per-forward values."""
-        mc, T = self.config.model_config, input_ids.size(1)
+    def context(self, input_ids, attention_mask, position_ids, kind: Kind) -> Context:
+        """One kind's context: the causal (sliding-window) rule, the parts' masks, padding; the parts' per-forward
+        values (RoPE's angles at the kind's base, ...)."""
+        mc, T, parts = kind.mc, input_ids.size(1), kind.parts
         index = torch.arange(T, device=input_ids.device)
         allowed = index[None, :] <= index[:, None]  # (T, T) query i sees keys j <= i
         if mc.get("window") is not None:
             allowed = allowed & (index[None, :] > index[:, None] - mc["window"])
-        for part in self.parts:
+        for part in parts:
             allowed = part.mask(allowed, index, mc) if hasattr(part, "mask") else allowed
         key_mask = None if attention_mask is None else attention_mask.bool()
         allowed = allowed[None, None] if key_mask is None else allowed[None, None] & key_mask[:, None, None, :]
         ctx = Context(index if position_ids is None else position_ids, index, allowed, key_mask)
-        for part in self.parts:
+        for part in parts:
             if hasattr(part, "context"):
                 part.context(ctx, mc)
         return ctx
@@ -210,12 +231,12 @@ class GPTAttentionForCausalLM(PreTrainedModel, GenerationMixin):
         if input_ids.size(1) > limit:
             raise ValueError(f"sequence length {input_ids.size(1)} exceeds the model's context of {limit} tokens "
                              "(max_position_embeddings): pass at most that many; generate() slides its window")
-        ctx = self.context(input_ids, attention_mask, position_ids)
+        ctxs = {name: self.context(input_ids, attention_mask, position_ids, kind) for name, kind in self.kinds.items()}
         x = self.transformer.wte(input_ids)  # (B, T, C)
         if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(ctx.positions)
-        for block in self.transformer.h:
-            x = block(x, ctx)
+            x = x + self.transformer.wpe(next(iter(ctxs.values())).positions)
+        for block, name in zip(self.transformer.h, self.layer_kinds):
+            x = block(x, ctxs[name])
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if labels is not None:

@@ -1,5 +1,5 @@
 """RoPE's part of a remote-code export (gpt/designs/rope.py): feature pair (x[i], x[i + D/2]) at position p rotated
-by p * 10000^(-2i/D), on queries and keys."""
+by p * base^(-2i/D), on queries and keys; the base is the layer's (a layout's kind may set its own, default 10000)."""
 
 import torch
 
@@ -19,10 +19,11 @@ def apply_rope(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
-def angles_for(ctx, width, key="rope"):
-    """The angles of this forward's positions, (T, width/2) or (B, 1, T, width/2), computed once per forward."""
+def angles_for(ctx, width, key="rope", base=10000.0):
+    """The angles of this forward's positions, (T, width/2) or (B, 1, T, width/2), computed once per forward (a
+    layout's kinds each have a context of their own, so each its own base)."""
     if key not in ctx.extras:
-        cos, sin = rope_angles(ctx.positions, width)
+        cos, sin = rope_angles(ctx.positions, width, base)
         ctx.extras[key] = (cos, sin) if ctx.positions.dim() == 1 else (cos[:, None], sin[:, None])
     return ctx.extras[key]
 
@@ -31,5 +32,6 @@ class Part:
     positional = True  # no learned position table
 
     def qk(self, layer, q, k, ctx):
-        cos, sin = angles_for(ctx, layer.qk_dim)
+        base = getattr(layer, "options", {}).get("rope", {}).get("base", 10000.0)  # the layer's kind's
+        cos, sin = angles_for(ctx, layer.qk_dim, base=base)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -1,0 +1,170 @@
+"""The analyses hold to what they claim: head-role scores read the right cells, direct logit attribution sums to the
+logit, the logit lens's last stage is the model's loss, patching restores exactly what it patches, ablation is
+zeroing a head's output, and bad requests are one error line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import perturbed_model, run_script
+from gpt.errors import UserError
+from gpt.interpret import hooks, run_with_cache
+from gpt.interpret.heads import role_scores, token_losses
+from gpt.interpret.lens import direct_attribution, logit_lens
+from gpt.interpret.patching import patch
+
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50)
+
+
+def model(**settings):
+    return perturbed_model(dict(TINY, **settings), "sdpa").double()
+
+
+def test_role_scores_read_the_previous_the_duplicate_and_the_next_token():
+    n, T = 4, 8
+    previous, induction = torch.zeros(1, 2, T, T), torch.zeros(1, 2, T, T)
+    previous[0, 0, 0, 0] = 1.0
+    for i in range(1, T):
+        previous[0, :, i, i - 1] = 1.0
+    for i in range(T):
+        induction[0, :, i, i - n + 1 if i >= n else i] = 1.0
+    assert role_scores(previous, n)["previous_token"].tolist() == [1.0, 1.0]
+    assert role_scores(previous, n)["induction"].tolist() == [0.0, 0.0]
+    scores = role_scores(induction, n)
+    assert scores["induction"].tolist() == [1.0, 1.0] and scores["duplicate_token"].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("settings", [{}, {"pos_embedding": "rope"}, {"diff_attn": True}, {"mla_latent": 12}])
+def test_direct_attribution_sums_to_the_next_tokens_centred_logit(settings):
+    m = model(**settings)
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    parts = direct_attribution(m, tokens)
+    with torch.no_grad():
+        logits = m(tokens[:, :-1])[0]
+    centred = (logits - logits.mean(-1, keepdim=True)).gather(-1, tokens[:, 1:, None]).mean()
+    torch.testing.assert_close(parts["total"] + parts["ln_bias"], centred, atol=1e-10, rtol=1e-10)
+    assert parts["heads"].shape == (2, 4) and parts["heads"].abs().sum() > 0
+
+
+def test_the_lens_last_stage_is_the_models_loss():
+    m = model()
+    tokens = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(0))
+    rows = logit_lens(m, tokens)
+    with torch.no_grad():
+        _, loss = m(tokens[:, :-1], tokens[:, 1:])
+    assert [r["stage"] for r in rows] == ["embed", "block 0", "block 1"]
+    assert rows[-1]["loss"] == round(float(loss), 4)
+
+
+def test_patching_the_one_changed_position_restores_the_clean_run_and_nothing_else_does_at_layer_0():
+    m = model()
+    clean = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    corrupted = clean.clone()
+    corrupted[0, 2] = 7
+    result = patch(m, clean, corrupted)
+    grid = result["resid_pre_by_layer_position"]
+    assert grid[0, 2] == pytest.approx(1.0, abs=1e-9)
+    assert torch.all(grid[0, :2].abs() < 1e-9) and torch.all(grid[0, 3:].abs() < 1e-9)
+    assert result["z_by_head"].shape == (2, 4)
+    with pytest.raises(UserError, match="same length"):
+        patch(m, clean, clean[:, :5])
+
+
+def test_ablating_every_head_is_zeroing_the_out_projections_input():
+    m = model()
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    every = [(layer, head) for layer in range(2) for head in range(4)]
+    ablated = token_losses(m, tokens, every)
+    with torch.no_grad():
+        for block in m.transformer.h:
+            block.attn.c_proj.weight.zero_()
+        logits = m(tokens[:, :-1])[0]
+    expected = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    torch.testing.assert_close(ablated, expected, atol=1e-10, rtol=1e-10)
+
+
+def test_hooks_write_and_are_gone_after_the_block():
+    m = model()
+    tokens = torch.arange(10)[None]
+    with torch.no_grad():
+        before = m(tokens)[0]
+    with hooks(m, [("blocks.1.hook_resid_post", lambda x, hook: x * 0)]), torch.no_grad():
+        zeroed = m(tokens)[0]
+    with torch.no_grad():
+        assert torch.equal(m(tokens)[0], before)
+    assert torch.allclose(zeroed, m.lm_head(m.transformer.ln_f.bias.expand(1, 10, -1)))
+
+
+def test_nested_hooks_on_patterns_leave_the_kernel_as_it_was():
+    m = model()
+    attn = m.transformer.h[0].attn
+    kernel = attn.kernel
+    seen = []
+    with hooks(m, [("blocks.0.attn.hook_pattern", lambda p, hook: seen.append(1))]):
+        _, cache = run_with_cache(m, torch.arange(6), ["blocks.0.attn.hook_pattern"])
+        assert len(seen) == 1 and cache.pattern(0).shape == (1, 4, 6, 6)
+        with torch.no_grad():
+            m(torch.arange(6)[None])
+        assert len(seen) == 2  # the outer hook still watches after the inner cache is done
+    assert attn.kernel is kernel and "_watched" not in vars(attn)
+
+
+def test_bad_requests_are_one_clear_error():
+    m = model()
+    with pytest.raises(UserError, match=r"unknown hook name 'blocks.0.hook_nope'; valid: .*blocks.\{l\}.attn.hook_q"):
+        run_with_cache(m, torch.arange(5), ["blocks.0.hook_nope"])
+    with pytest.raises(UserError, match="unknown hook name 'blocks.7.hook_resid_pre'.*l = 0..1"):
+        run_with_cache(m, torch.arange(5), ["blocks.7.hook_resid_pre"])
+    with pytest.raises(UserError, match="17 tokens, more than the model's context of 16"):
+        run_with_cache(m, torch.zeros(17, dtype=torch.long))
+    with pytest.raises(UserError, match="out of range"):
+        token_losses(m, torch.arange(5)[None], [(2, 0)])
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    from gpt.tokenizers.tokenizer import CharTokenizer
+    from gpt.weights import checkpoint
+
+    folder = tmp_path_factory.mktemp("ckpt")
+    m = perturbed_model(dict(TINY, vocab_size=40), "sdpa")
+    tokenizer = CharTokenizer([chr(ord("0") + i) for i in range(10)] + [chr(97 + i) for i in range(26)]
+                              + [" ", "\n", "(", ")"]).to_meta()
+    checkpoint.save(checkpoint.model_entries(m.state_dict(), m.config, tokenizer), folder / "m.pt")
+    return folder / "m.pt"
+
+
+def interpret(*args: str) -> subprocess.CompletedProcess:
+    return run_script("interpret", *args, "device=cpu")
+
+
+@pytest.mark.slow
+def test_the_script_writes_json_and_png_and_refuses_bad_input_in_one_line(checkpoint_dir, tmp_path):
+    out = tmp_path / "out"
+    done = interpret(f"ckpt={checkpoint_dir}", "analysis=heads", f"out={out}", "batch=2")
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "heads.json").read_text())
+    assert len(result["scores"]["induction"]) == 2 and (out / "heads.png").stat().st_size > 1000
+    for args, message in [(["analysis=patching", "prompt=abc", "corrupted=abcd"], "same length"),
+                          (["analysis=ablation", "ablate=[L5H0]"], "out of range"),
+                          (["analysis=ablation", "ablate=[head1]"], "L<layer>H<head>"),
+                          (["analysis=lens", "prompt=" + "a" * 20], "more than the model's context"),
+                          (["analysis=nope"], "not one of heads, lens")]:
+        done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args)
+        assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_compiled_model_has_the_same_hook_names_and_patterns():
+    m = model()
+    compiled = torch.compile(m, backend="eager")
+    _, eager = run_with_cache(m, torch.arange(8), "blocks.*.attn.hook_pattern")
+    _, seen = run_with_cache(compiled, torch.arange(8), "blocks.*.attn.hook_pattern")
+    assert sorted(seen) == sorted(eager)
+    for name in eager:
+        torch.testing.assert_close(seen[name], eager[name], atol=1e-12, rtol=0)
