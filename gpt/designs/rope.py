@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from gpt.designs import rope_scaling
 from gpt.errors import ConfigError
 from gpt.model.design import Design, layer_option, modeling_file, register
 
@@ -36,22 +37,33 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated.to(x.dtype)
 
 
-def angles_for(ctx, width: int, key: str = "rope", base: float = 10000.0) -> tuple[Tensor, Tensor]:
+def angles_for(ctx, width: int, key: str = "rope", base: float = 10000.0,
+               scaling: dict | None = None) -> tuple[Tensor, Tensor]:
     """The angles of this forward pass's positions for ``width`` features, computed by the first layer that asks
-    and kept in the context for the others (a layout's kinds each have their own context, so their own base):
-    (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
+    and kept in the context for the others (a layout's kinds each have their own context, so their own base and
+    scaling): (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
     if key not in ctx.extras:
-        cos, sin = rope_angles(ctx.positions, width, base)
+        if scaling is None:
+            cos, sin = rope_angles(ctx.positions, width, base)
+        else:
+            cos, sin = rope_scaling.angles(ctx.positions, width, base, scaling)
         ctx.extras[key] = (cos, sin) if ctx.positions.dim() == 1 else (cos[:, None], sin[:, None])
     return ctx.extras[key]
 
 
-def rotate(x: Tensor, position: int, base: float = 10000.0) -> Tensor:
-    """Float64 reference: RoPE on one vector x (d,), feature i paired with i + d/2, angle position * base^(-2i/d)."""
+def rotate(x: Tensor, position: int, base: float = 10000.0, scaling: dict | None = None,
+           length: int | None = None) -> Tensor:
+    """Float64 reference: RoPE on one vector x (d,), feature i paired with i + d/2, angle position * base^(-2i/d)
+    (or the scaled frequency, rope_scaling.inv_freq64, of a sequence of ``length`` tokens), times the scaling's
+    attention factor."""
     d = x.numel()
-    angle = position * float(base) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    if scaling is None:
+        angle = position * float(base) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    else:
+        angle = position * rope_scaling.inv_freq64(scaling, d, base, length)
     a, b = x[: d // 2], x[d // 2:]
-    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()])
+    m = rope_scaling.attention_factor(scaling)
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()]) * m
 
 
 class Rope(Design):
@@ -60,10 +72,13 @@ class Rope(Design):
     about = "rotary position embeddings on q and k instead of the learned position table"
     paper = "Su et al. 2021, RoFormer"
     switch, on = "pos_embedding", "rope"
+    fields = ("rope_scaling",)  # linear | dynamic | yarn | llama3, in transformers' form (gpt/designs/rope_scaling.py)
     positional = True
     layer_options = {"base": 10000.0}  # a layer kind's own base (Gemma 3: 10k on local layers, 1M on global ones)
     cases = {"alone": {"pos_embedding": "rope"}, "gqa+window": {"pos_embedding": "rope", "n_kv_head": 2, "window": 5},
-             "mqa+qk_norm": {"pos_embedding": "rope", "n_kv_head": 1, "qk_norm": True}}
+             "mqa+qk_norm": {"pos_embedding": "rope", "n_kv_head": 1, "qk_norm": True},
+             "yarn": {"pos_embedding": "rope", "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                                "original_max_position_embeddings": 4}}}
 
     def flops(self, config, seq, flops) -> int:
         """Rotations are elementwise (the angles an outer product done once per forward, not per token): unchanged."""
@@ -72,24 +87,43 @@ class Rope(Design):
     def check(self, config) -> None:
         if self.enabled(config) and config.head_dim % 2 != 0:
             raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {config.head_dim}")
+        if config.rope_scaling is not None and not self.enabled(config):
+            raise ConfigError(f"model.rope_scaling is set but the model has no RoPE (model.pos_embedding="
+                              f"{config.pos_embedding})", hint="set model.pos_embedding=rope, or in a layout give "
+                              "the scaling to the kinds with rope: options: {rope: {rope_scaling: {...}}}")
+        config.rope_scaling = rope_scaling.check(config.rope_scaling, config.block_size)
 
     def check_layer_options(self, values, where) -> None:
         base = values["base"]
         if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
             raise ConfigError(f"{where}.base must be a number above 1, got {base!r}", hint=f"e.g. {where}.base=1000000")
 
+    def no_cache(self, config) -> str | None:
+        """Dynamic NTK's frequencies follow the sequence's length, so keys cached at a shorter length would be
+        rotated by stale angles (transformers keeps them so; here cached decoding equals the full forward or is
+        refused)."""
+        if config.rope_scaling is not None and config.rope_scaling["rope_type"] == "dynamic":
+            return ("model.rope_scaling's rope_type dynamic changes every position's angle as the sequence grows, "
+                    "so cached keys would go stale")
+        return None
+
     def build(self, layer, config) -> None:
         layer.rope_base = float(layer_option(config, self.name, "base"))
+        layer.rope_scaling = config.rope_scaling
 
     def qk(self, layer, q, k, ctx):
-        cos, sin = angles_for(ctx, layer.qk_dim, base=layer.rope_base)
+        cos, sin = angles_for(ctx, layer.qk_dim, base=layer.rope_base, scaling=layer.rope_scaling)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def activations(self, config, batch, seq, act, fused) -> int:
         return batch * seq * act * (config.n_embd + config.n_kv_head * config.head_dim)  # the rotated q and k
 
     def ref_qk(self, layer, x, position, kind):
-        return rotate(x, position, getattr(layer, "rope_base", 10000.0))
+        scaling = getattr(layer, "rope_scaling", None)
+        if scaling is not None and scaling["rope_type"] == "dynamic":
+            raise NotImplementedError("dynamic NTK's angles depend on the sequence's length, which ref_qk is not "
+                                      "given: use rotate(x, position, base, scaling, length)")
+        return rotate(x, position, getattr(layer, "rope_base", 10000.0), scaling)
 
 
 register(Rope())

@@ -56,6 +56,12 @@ def choose(config: GPTConfig) -> str:
             pass
         if starcoder2_mismatch(config) is None:
             return "starcoder2"
+    scaled = next((kind for kind in config.kinds().values() if kind.rope_scaling is not None), None)
+    if scaled is not None:  # the remote-code core rotates unscaled
+        where = "model.rope_scaling" if scaled.kind is None else f"model.layer_kinds.{scaled.kind}'s rope_scaling"
+        raise UserError(f"{where} ({scaled.rope_scaling['rope_type']}) cannot be exported for transformers here: "
+                        "only Starcoder2 (a uniform model, RoPE alone, LayerNorm) carries it, and the remote-code "
+                        "export does not", hint="pass format=native")
     missing = [(kind, d) for kind in config.kinds().values() for d in designs.active(kind) if not d.modeling]
     if missing:
         kind, d = missing[0]
@@ -88,10 +94,25 @@ def starcoder2_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch
     return {"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", **common(config, tokenizer, dtype),
             "hidden_size": config.n_embd, "intermediate_size": 4 * config.n_embd, "num_hidden_layers": config.n_layer,
             "num_attention_heads": config.n_head, "num_key_value_heads": config.n_kv_head,
-            "hidden_act": STARCODER2_ACT[config.activation], "max_position_embeddings": config.block_size,
-            "norm_epsilon": hf.LAYER_NORM_EPS, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "hidden_act": STARCODER2_ACT[config.activation], **rope_parameters(config),
+            "norm_epsilon": hf.LAYER_NORM_EPS,
             "sliding_window": config.window, "use_bias": config.bias, "attention_dropout": config.dropout,
             "residual_dropout": config.dropout, "embedding_dropout": config.dropout}
+
+
+def rope_parameters(config: GPTConfig) -> dict[str, Any]:
+    """rope_parameters and max_position_embeddings in transformers' form: its dynamic NTK counts the growth from
+    max_position_embeddings, so there it is the original length; linear and dynamic take no original length key."""
+    scaling = config.rope_scaling
+    if scaling is None:
+        return {"max_position_embeddings": config.block_size,
+                "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA}}
+    params = {k: v for k, v in scaling.items() if v is not None}
+    original = params["original_max_position_embeddings"]
+    if scaling["rope_type"] in ("linear", "dynamic"):
+        del params["original_max_position_embeddings"]
+    length = original if scaling["rope_type"] == "dynamic" else config.block_size
+    return {"max_position_embeddings": length, "rope_parameters": {**params, "rope_theta": ROPE_THETA}}
 
 
 def to_starcoder2(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:

@@ -44,6 +44,7 @@ class GPTConfig:
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
     sink_tokens: int = 0  # StreamingLLM: with a window, every query also sees the first N tokens (kept in the cache)
     pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, on q and k) | alibi (score bias)
+    rope_scaling: Any = None  # RoPE past its training length: {rope_type: linear|dynamic|yarn|llama3, factor, ...}
     attention_backend: Optional[str] = None  # attention=sdpa only: pin flash | efficient | math | cudnn
     qk_norm: bool = False  # RMS-normalise each head's queries and keys (learned gains) before the dot product
     attn_softcap: Optional[float] = None  # Gemma 2: scores -> cap * tanh(scores / cap); None = no cap

@@ -98,6 +98,10 @@ class Design:
         """Validate a layer kind's settings of this design (layer_options' keys, defaults filled in); ``where``
         names them (model.layer_kinds.S.options.rope)."""
 
+    def no_cache(self, config: GPTConfig) -> str | None:
+        """Why its layers cannot decode with a KV cache (gpt.model.kv_cache refuses it, saying so); None: they can."""
+        return None
+
     def build(self, layer: Any, config: GPTConfig) -> None:
         """Add its parameters or modules to an attention layer (called in the layer's __init__)."""
 

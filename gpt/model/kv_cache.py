@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from gpt.errors import UserError
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
 
@@ -92,12 +93,21 @@ class LayerKV:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, Tensor))
 
 
+def refusal(config: GPTConfig) -> str | None:
+    """Why a design keeps this model from decoding with a KV cache (Design.no_cache, any kind's); None: it can."""
+    return next(filter(None, (d.no_cache(kind) for kind in config.kinds().values() for d in designs.active(kind))),
+                None)
+
+
 class KVCache:
     """Every layer's cache for a batch of sequences of up to block_size tokens: each layer keeps what its kind needs
     (keys and values, a window's ring, a design's kind), and each kind of layer its own Slots (the ring's size and
     which slots hold real tokens). A uniform model has one kind; a layout (model.layers) one per kind."""
 
+    refusal: str | None = None  # why it may not be used (kv_cache.refusal); a view made without __init__ may use it
+
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device | str) -> None:
+        self.refusal = refusal(config)
         self.layers: list[Any] = []
         self.slots = {name: Slots(kind, batch_size, device, self.layers) for name, kind in config.kinds().items()}
         for i in range(config.n_layer):
@@ -119,7 +129,12 @@ class KVCache:
         return sum(layer.held_bytes() for layer in self.layers)
 
     def step(self, n: int, key_mask: Tensor | None) -> dict[str | None, Step]:
-        """Take the next n tokens in every kind's slots (Slots.step): each kind's Step, by kind."""
+        """Take the next n tokens in every kind's slots (Slots.step): each kind's Step, by kind. A model a design
+        keeps from decoding with a cache (Design.no_cache) is refused here, at its first forward with one (building
+        one stays possible: the memory planner reads a meta-device cache's layers)."""
+        if self.refusal:
+            raise UserError(f"this model cannot decode with a KV cache: {self.refusal}",
+                            hint="sample without it (kv_cache=false), or choose another setting")
         return {name: slots.step(n, key_mask) for name, slots in self.slots.items()}
 
 

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gpt.errors import UserError
 from gpt.inference.decoding import left_pad, prefill, sample_rows
 from gpt.inference.text import TextStream
 from gpt.model import GPT
-from gpt.model.kv_cache import KVCache
+from gpt.model.kv_cache import KVCache, refusal
 from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
 from gpt.serve.prefix_cache import PrefixCache, cacheable, layer_tensors
 from gpt.serve.speculate import guesses_for, keep, speculable, verify
@@ -131,6 +132,9 @@ class Engine:
     def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 32, max_queue: int = 64,
                  autocast: Callable[[], AbstractContextManager] = nullcontext, name: str = "model",
                  prefix_blocks: int = 0, prefill_chunk: int = 0, speculate: int = 0) -> None:
+        if refusal(model.config):  # every sequence decodes in a KV cache here: refuse before serving anyone
+            raise UserError(f"the server decodes with a KV cache, which this model cannot: {refusal(model.config)}",
+                            hint="sample it with scripts/generate.py kv_cache=false")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.autocast = max_batch, max_queue, autocast
         self.device = next(model.parameters()).device

@@ -18,7 +18,7 @@ import yaml
 from gpt.data.loader import TokenData
 from gpt.inference.decoding import generate, prompt_ids
 from gpt.inference.visualize import attention_maps, token_labels
-from gpt.model import GPT
+from gpt.model import GPT, kv_cache
 from gpt.train.resume import flatten
 
 
@@ -40,7 +40,7 @@ def sample_text(model: GPT, data: TokenData, prompt: str | list[int], n: int, se
     gen = torch.Generator(device=device).manual_seed(seed)
     with ctx:
         out = generate(model, start, n, temperature=0.8, top_k=200, generator=gen,
-                       vocab_limit=data.tokenizer.vocab_size)
+                       vocab_limit=data.tokenizer.vocab_size, kv_cache=kv_cache.refusal(model.config) is None)
     return data.tokenizer.decode(out[0].tolist())
 
 

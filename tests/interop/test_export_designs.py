@@ -165,3 +165,44 @@ def test_the_export_says_which_path_it_took(tmp_path, capsys):
                         tmp_path / name / "ckpt.pt")
         run(ExportConfig(ckpt=str(tmp_path / name)))
         assert said in capsys.readouterr().out
+
+
+SCALINGS = {"linear": {"rope_type": "linear", "factor": 4.0, "original_max_position_embeddings": 6},
+            "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 6},
+            "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6, "beta_fast": 16},
+            "llama3": {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 6}}
+
+
+@pytest.mark.parametrize("name", SCALINGS)
+def test_a_scaled_rope_opens_in_transformers_with_the_same_logits_past_the_original_length(name, tmp_path):
+    """Starcoder2 carries model.rope_scaling in rope_parameters: every position of a 24-token input (4x the
+    original 6) gives this project's logits (the bound is the issue's 1e-4; measured below 1e-5)."""
+    model = randomised({"pos_embedding": "rope", "n_kv_head": 2, "rope_scaling": SCALINGS[name]})
+    out = formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
+    opened_model = opened(out)
+    assert type(opened_model).__name__ == "Starcoder2ForCausalLM"
+    assert opened_model.config.rope_parameters["rope_type"] == name
+    idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]), generator=torch.Generator().manual_seed(1))
+    assert largest_difference(model, opened_model, idx) <= 1e-5
+    unscaled = randomised({"pos_embedding": "rope", "n_kv_head": 2})  # the same weights: the scaling is what differs
+    assert largest_difference(unscaled, opened_model, idx) > 1e-2
+    config, _, _ = pretrained.load_weights(out)
+    assert config == model.config
+
+
+def test_a_scaling_only_starcoder2_holds_is_refused_elsewhere_in_one_line(tmp_path):
+    model = randomised({"pos_embedding": "rope", "qk_norm": True, "rope_scaling": SCALINGS["yarn"]})
+    with pytest.raises(UserError, match=r"model.rope_scaling \(yarn\) cannot be exported for transformers here: "
+                                        r"only Starcoder2 .* carries it, and the remote-code export does not"):
+        formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
+    assert not (tmp_path / "exp").exists()
+    kinds = {"S": {"window": 4, "designs": ["rope"]},
+             "L": {"designs": ["rope"], "options": {"rope": {"rope_scaling": SCALINGS["linear"]}}}}
+    layout = randomised({"layers": "SL", "layer_kinds": kinds})
+    with pytest.raises(UserError, match=r"model.layer_kinds.L's rope_scaling \(linear\) cannot be exported"):
+        formats.export(layout.state_dict(), layout.config, TOKENIZER, tmp_path / "exp")
+    assert not (tmp_path / "exp").exists()
+    plain = randomised({"pos_embedding": "rope", "rope_scaling": SCALINGS["linear"]})
+    pytest.importorskip("gguf")
+    with pytest.raises(UserError, match=r"format=gguf cannot hold model.rope_scaling \(linear\)"):
+        formats.export(plain.state_dict(), plain.config, TOKENIZER, tmp_path / "g", format="gguf")
