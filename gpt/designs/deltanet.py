@@ -205,7 +205,6 @@ class DeltaNet(Design):
                             for t in range(T)], dim=1)
         mixed = conv * torch.sigmoid(conv)
         q, k, v = (t.unflatten(-1, (-1, D)).transpose(1, 2) for t in mixed.split([Hk * D, Hk * D, C], dim=-1))
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # gpt.interpret's hook points, as the core's
         softplus = torch.log1p(torch.exp(reference.project(attn.c_decay, x) + attn.dt_bias.double()))
         g = (-torch.exp(attn.A_log.double()) * softplus).transpose(1, 2)
         beta = torch.sigmoid(reference.project(attn.c_beta, x)).transpose(1, 2)
