@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
+import re
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -218,6 +222,41 @@ def failure_output(result: subprocess.CompletedProcess) -> str:
 
 
 # --- attention designs: what tests/designs/test_designs.py and tests/designs/ share.
+
+def tutorial_design() -> Path:
+    """docs/designs.md's design file, written into a temporary folder outside the project and loaded from there
+    (once per process: a second talking_heads would be refused as already registered)."""
+    from gpt.designs import loading
+    from gpt.model import design as registry
+
+    code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", (ROOT / "docs" / "designs.md").read_text(),
+                     flags=re.S | re.M).group(1)
+    folder = Path(tempfile.mkdtemp(prefix="gpt-design-"))
+    atexit.register(shutil.rmtree, folder, True)
+    (folder / "talking_heads.py").write_text(code)
+    if "talking_heads" not in registry.available():
+        loading.load(str(folder / "talking_heads.py"))
+    return folder / "talking_heads.py"
+
+
+def accepted_kernels(config: dict) -> list[str]:
+    """Every kernel GPTConfig accepts for ``config`` (none: []); a design that uses no kernel runs once, with sdpa."""
+    from gpt import GPTConfig
+    from gpt import kernels as attention
+    from gpt.errors import ConfigError
+    from gpt.model import design as registry
+
+    if not all(d.uses_kernel for d in registry.active(GPTConfig(**{**config, "attention": "manual"}))):
+        return ["sdpa"]
+    able = []
+    for kernel in attention.available():
+        try:
+            GPTConfig(**{**config, "attention": kernel})
+            able.append(kernel)
+        except ConfigError:
+            pass
+    return able
+
 
 def perturbed_model(config: dict, kernel: str = "sdpa", sharpen: float = 1.0):
     """A seeded random model (eval mode), weights scaled by ``sharpen``, with the parameters that start at ones or

@@ -7,19 +7,12 @@ forward with a decoding step compiled once, pictures, save and load, an exact re
 
 from __future__ import annotations
 
-import atexit
-import re
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 
-from conftest import ROOT, perturbed_model, train_stop_and_resume
+from conftest import accepted_kernels, perturbed_model, train_stop_and_resume, tutorial_design
 from gpt import GPT, GPTConfig, memory
-from gpt import kernels as attention
-from gpt.designs import loading, reference
+from gpt.designs import reference
 from gpt.errors import ConfigError, UserError
 from gpt.inference.decoding import compiled_decode_step, generate, generate_batch, prefill
 from gpt.model import design as registry
@@ -29,18 +22,7 @@ from gpt.weights import checkpoint
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50)  # head_dim 8
 
 
-def tutorial_design() -> Path:
-    """docs/designs.md's design file, written into a temporary folder outside the project and loaded from there."""
-    text = (ROOT / "docs" / "designs.md").read_text()
-    code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", text, flags=re.S | re.M).group(1)
-    folder = Path(tempfile.mkdtemp(prefix="gpt-design-"))
-    atexit.register(shutil.rmtree, folder, True)
-    (folder / "talking_heads.py").write_text(code)
-    return folder / "talking_heads.py"
-
-
-if "talking_heads" not in registry.available():
-    loading.load(str(tutorial_design()))
+tutorial_design()  # the brought design beside the built-in ones
 DESIGNS = registry.available()
 
 
@@ -51,19 +33,8 @@ def cases() -> list[tuple[str, str, dict]]:
 
 
 def kernels(settings: dict) -> list[str | None]:
-    """The kernels GPTConfig accepts for these settings ([None]: none can, a failing case); a design that uses no
-    kernel runs once, with the default."""
-    config = dict(TINY, **settings)
-    if not all(d.uses_kernel for d in registry.active(GPTConfig(**{**config, "attention": "manual"}))):
-        return ["sdpa"]
-    able = []
-    for kernel in attention.available():
-        try:
-            GPTConfig(**{**config, "attention": kernel})
-            able.append(kernel)
-        except ConfigError:
-            pass
-    return able or [None]
+    """The kernels GPTConfig accepts for these settings ([None]: none can, a failing case)."""
+    return accepted_kernels(dict(TINY, **settings)) or [None]
 
 
 REFERENCE_CASES = [pytest.param(name, settings, kernel, id=f"{name}-{case}-{kernel}")

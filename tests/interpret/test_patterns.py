@@ -4,47 +4,24 @@ kernel computes them, and writing them changes what the layer computes (pattern 
 
 from __future__ import annotations
 
-import atexit
-import re
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 
-from conftest import ROOT, perturbed_model
+from conftest import accepted_kernels, perturbed_model, tutorial_design
 from gpt import GPTConfig
-from gpt import kernels as attention
-from gpt.designs import loading, reference
-from gpt.errors import ConfigError, UserError
+from gpt.designs import reference
+from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
 from gpt.model import design as registry
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50)
 
-if "talking_heads" not in registry.available():  # docs/designs.md's brought design, loaded as a user loads it
-    code = re.search(r"^```python file=talking_heads\.py\n(.*?)^```$", (ROOT / "docs" / "designs.md").read_text(),
-                     flags=re.S | re.M).group(1)
-    folder = Path(tempfile.mkdtemp(prefix="gpt-design-"))
-    atexit.register(shutil.rmtree, folder, True)
-    (folder / "talking_heads.py").write_text(code)
-    loading.load(str(folder / "talking_heads.py"))
+tutorial_design()  # docs/designs.md's brought design, loaded as a user loads it
 
 
 def kernels(settings: dict) -> list[str]:
     """Every kernel the config accepts (a design that uses none: the default once)."""
-    config = dict(TINY, **settings)
-    if not all(d.uses_kernel for d in registry.active(GPTConfig(**{**config, "attention": "manual"}))):
-        return ["sdpa"]
-    able = []
-    for kernel in attention.available():
-        try:
-            GPTConfig(**{**config, "attention": kernel})
-            able.append(kernel)
-        except ConfigError:
-            pass
-    return able
+    return accepted_kernels(dict(TINY, **settings))
 
 
 CASES = [pytest.param(name, settings, kernel, id=f"{name}-{case}-{kernel}")
