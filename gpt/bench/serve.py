@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -132,34 +133,16 @@ def load(url: str, model: str, clients: int, requests: int, seconds: float, body
     """At most ``clients`` threads sending ``requests`` streamed completions between them, none started after
     ``seconds``: request i is ``bodies[i]`` (else ``body``) with seed i + 1, sent at ``arrivals[i]`` seconds after
     the start (else as soon as a client is free)."""
-    results: list[Result] = []
-    lock = threading.Lock()
     begin = time.perf_counter()
-    todo: queue.Queue[int] = queue.Queue()
-    for i in range(requests):
-        todo.put(i)
 
-    def client() -> None:
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            if arrivals is not None:
-                time.sleep(max(0.0, begin + arrivals[i] - time.perf_counter()))
-            if time.perf_counter() > begin + seconds:
-                return
-            request = {**(bodies[i] if bodies else body), "model": model, "seed": i + 1}
-            result = stream_completion(url, request, api_key)
-            with lock:
-                results.append(result)
+    def send(i: int) -> list[Result] | None:
+        if arrivals is not None:
+            time.sleep(max(0.0, begin + arrivals[i] - time.perf_counter()))
+        if time.perf_counter() > begin + seconds:
+            return None  # this client stops
+        return [stream_completion(url, {**(bodies[i] if bodies else body), "model": model, "seed": i + 1}, api_key)]
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    return in_clients(clients, requests, send)
 
 
 def chat_replay(url: str, model: str, clients: int, conversations: int, turns: int, seed: int) -> list[Result]:
@@ -171,25 +154,39 @@ def chat_replay(url: str, model: str, clients: int, conversations: int, turns: i
     words = lambda n: "".join(rng.choice(letters) for _ in range(n))  # noqa: E731
     system = words(64)
     plans = [(system + words(4), [words(4) for _ in range(turns)]) for _ in range(conversations)]
+
+    def chat(c: int) -> list[Result]:
+        prompt, messages = plans[c]
+        results = []
+        for turn in range(turns):
+            result = stream_completion(url, {"model": model, "prompt": prompt, "max_tokens": 12,
+                                             "temperature": 0.8, "seed": c * turns + turn + 1})
+            results.append(result)
+            prompt += result.text + messages[turn]
+        return results
+
+    return in_clients(clients, conversations, chat)
+
+
+def in_clients(clients: int, jobs: int, work: Callable[[int], list[Result] | None]) -> list[Result]:
+    """Jobs 0..jobs-1 shared by ``clients`` threads, each taking the next job until none is left or ``work`` returns
+    None (that client stops); every job's results, in the order they finished."""
     results: list[Result] = []
     lock = threading.Lock()
     todo: queue.Queue[int] = queue.Queue()
-    for c in range(conversations):
-        todo.put(c)
+    for i in range(jobs):
+        todo.put(i)
 
     def client() -> None:
         while True:
             try:
-                c = todo.get_nowait()
+                done = work(todo.get_nowait())
             except queue.Empty:
                 return
-            prompt, messages = plans[c]
-            for turn in range(turns):
-                result = stream_completion(url, {"model": model, "prompt": prompt, "max_tokens": 12,
-                                                 "temperature": 0.8, "seed": c * turns + turn + 1})
-                with lock:
-                    results.append(result)
-                prompt += result.text + messages[turn]
+            if done is None:
+                return
+            with lock:
+                results.extend(done)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
