@@ -1,7 +1,8 @@
 """The server under hostile requests (issue 46, class 1), through one real scripts/serve.py process for the module:
-a runaway chat template holds only its own request; request fields of every endpoint are typed and ranged (a zero
-or odd completion limit, a model name that is a list); a prompt the tokenizer's split pattern gives up on; a body
-that breaks off; Ctrl-C with streams open. Each bad request gets a 4xx with OpenAI's error body, the log gets no
+a runaway chat template holds only its own request, and more runaways than renderers hold a normal chat under 2 s;
+request fields of every endpoint are typed and ranged (a zero or odd completion limit, a model name that is a list);
+a prompt the tokenizer's split pattern gives up on; a body that breaks off; Ctrl-C twice with streams, a body, a
+rendering and a completion in flight. Each bad request gets a 4xx with OpenAI's error body, the log gets no
 traceback, and the server answers a normal request afterwards."""
 
 from __future__ import annotations
