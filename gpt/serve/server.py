@@ -17,6 +17,7 @@ from gpt.inference.chat_template import Renderer
 from gpt.serve.app import Shutdown, create_app
 from gpt.serve.config import ServeConfig
 from gpt.serve.models import Served, load, model_name
+from gpt.serve.panic_notes import dropping_panic_notes
 
 API_KEY_VARIABLE = "GPT_SERVE_API_KEY"
 
@@ -82,7 +83,8 @@ def run(cfg: ServeConfig) -> None:
     app = create_app(models, key, cfg.max_body_bytes, renderer)
     config = uvicorn.Config(app, log_level="info", access_log=cfg.log_requests, timeout_graceful_shutdown=5)
     try:
-        stopping_server(config, app.state.shutdown).run(sockets=[sock])
+        with dropping_panic_notes():  # a prompt the tokenizer gives up on: its 400's log line, not Rust's note too
+            stopping_server(config, app.state.shutdown).run(sockets=[sock])
     except KeyboardInterrupt as err:  # uvicorn shut down cleanly, then re-raised the signal it caught: exit 130
         how = "SIGTERM" if str(err) == "SIGTERM" else "Ctrl-C"
         said = f"stopped ({how}); the streams still open ended with an error chunk saying so"
