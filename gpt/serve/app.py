@@ -246,8 +246,8 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
 
 
 class QuietAtShutdown:
-    """The last resort of a stop: a request still running when the server cancels it (past the grace period, or a
-    second Ctrl-C) is one log line and, if nothing was sent yet, a 503, instead of a CancelledError traceback."""
+    """The last resort of a stop: a request still running when the server cancels it (past the 5 s grace period)
+    is one log line and, if nothing was sent yet, a 503, instead of a CancelledError traceback."""
 
     def __init__(self, app) -> None:
         self.app = app
