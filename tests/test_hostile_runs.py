@@ -180,10 +180,11 @@ def test_the_arena_refuses_an_out_dir_whose_folders_hold_a_training_run_it_did_n
 
 # --- signals -----------------------------------------------------------------------------------------------------
 
-def start_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
-    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped."""
+def start_script(name: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped; ``env``
+    adds variables."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-        "PYTHONPATH", "")])}
+        "PYTHONPATH", "")]), **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     command = name.split() if name.startswith("-m ") else [str(ROOT / "scripts" / f"{name}.py")]
     return subprocess.Popen([sys.executable, *command, *args], env=env, text=True, cwd=cwd or ROOT,
@@ -355,7 +356,14 @@ BAD_DESIGNS = {
     "takes a built-in's name": "from gpt.model.design import Design, register\n\n\nclass Rope(Design):\n"
                                "    name = 'rope'\n\n\nregister(Rope())\n",
     "raises on import": "raise RuntimeError('this design is broken')\n",
+    "has a syntax error": "from gpt.model.design import Design\n\n\nclass Mine(Design:\n    name = 'mine'\n",
+    "calls sys.exit": "import sys\n\nsys.exit(0)\n",  # would end the command silently, exit 0, as if it had worked
 }
+SAYS = {"registers a name twice": "ValueError: attention design 'mine_twice' is already registered",
+        "takes a built-in's name": "ValueError: attention design 'rope' is already registered",
+        "raises on import": "RuntimeError: this design is broken (at {path}:1)",
+        "has a syntax error": "SyntaxError: ",  # the parser's words vary with Python's version
+        "calls sys.exit": "it called sys.exit(0) (at {path}:3)"}
 
 
 @pytest.mark.parametrize("how", ["designs=[...]", "GPT_DESIGNS"])
@@ -377,10 +385,22 @@ def test_a_design_file_that_fails_on_import_is_one_error_line_at_every_entry_poi
     if how == "GPT_DESIGNS":
         entries["design list"] = lambda a: run_main(design_list, a, env)
     for entry, run in entries.items():
-        line = refused(run(args), f"designs: importing {path} failed")
-        assert "already registered" in line or "this design is broken" in line, (entry, line)
+        line = refused(run(args), f"designs: importing {path} failed: " + SAYS[case].format(path=path))
+        assert case != "has a syntax error" or line.endswith(f"(at {path}:4)"), line  # the user's line, not ours
         assert registry.available() == known, entry  # nothing of the failed file stays registered
     assert not (tmp_path / "run").exists() and not (tmp_path / "arena").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["bench_interop", "-m gpt.attention"])
+def test_a_design_file_that_fails_on_import_is_one_error_line_in_a_real_process(tmp_path, entry):
+    """The entry points that are not Hydra scripts, as a user starts them (bench_interop printed a traceback)."""
+    path = tmp_path / "bad_design.py"
+    path.write_text(BAD_DESIGNS["has a syntax error"])
+    proc = start_script(entry, env={"GPT_DESIGNS": str(path)})
+    out, _ = proc.communicate(timeout=120)
+    refused(subprocess.CompletedProcess(entry, proc.returncode, "", out), f"designs: importing {path} failed: Syntax")
+    assert list(tmp_path.iterdir()) == [path]
 
 
 # --- class 3: LoRA adapters on resume ----------------------------------------------------------------------------
