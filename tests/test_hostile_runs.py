@@ -440,6 +440,16 @@ ADAPTER_CASES = {
                          "holds 'x.lora_Z'"),
     "not a mapping": (lambda payload: payload.__setitem__("adapter", "adapters"), ["chat.lora_rank=4"],
                       "its adapter entry is a str"),
+    "a sparse tensor": (tampered_adapter(lambda a, k: a.__setitem__(k, a[k].to_sparse())), ["chat.lora_rank=4"],
+                        "is a torch.sparse_coo tensor, not a dense one"),
+    "NaN values": (tampered_adapter(lambda a, k: a[k].fill_(float("nan"))), ["chat.lora_rank=4"],
+                   "holds NaN or infinite values"),
+    "another alpha": (None, ["chat.lora_rank=4", "chat.lora_alpha=77"], "its adapters were trained with "
+                      "chat.lora_alpha=16.0"),
+    "no adapters asked": (None, ["chat.lora_rank=0"], "trained with LoRA adapters, this run has none"),
+    "an optimizer moment of another shape": (
+        lambda payload: payload["optimizer"]["state"][0].__setitem__("exp_avg", payload["optimizer"]["state"][0][
+            "exp_avg"][:1].clone()), ["chat.lora_rank=4"], "its optimizer's exp_avg of "),
 }
 
 
@@ -457,7 +467,7 @@ def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, ca
             torch.save(payload, run / "ckpt.pt")
         before = snapshot(run)
         line = refused(run_inline("train", *args, *extra), named)
-        assert str(run / "ckpt.pt") in line and "adapter" in line
+        assert str(run / "ckpt.pt") in line and ("adapter" in line or "optimizer" in line)
         assert snapshot(run) == before
         no_temporary_files(run)
     finally:
