@@ -660,6 +660,36 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     assert (folder / "model-f16.gguf").is_file()  # a folder: model-<gguf_type>.gguf inside, as before
 
 
+def test_scripts_given_an_export_whose_python_files_are_hostile_never_run_them(tmp_path):
+    """An export's modeling and design files, and a file its config.json's auto_map names, would leave a marker if
+    imported: generate and export read the folder (its config, weights and tokenizer) and never import them."""
+    import torch
+
+    from gpt import GPT, GPTConfig
+    from gpt.tokenizers.tokenizer import CharTokenizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, qk_norm=True))
+    out = formats.export(model.state_dict(), model.config, CharTokenizer(list("abcdefg\n")).to_meta(),
+                         tmp_path / "exp")
+    marker = tmp_path / "ran"
+    hostile = f"open({str(marker)!r}, 'w').write('ran')\n"
+    python_files = sorted(p.name for p in out.glob("*.py"))
+    assert "modeling_gpt_attention.py" in python_files and "design_qk_norm.py" in python_files
+    for name in [*python_files, "evil.py"]:
+        (out / name).write_text(hostile)
+    edit = json.loads((out / "config.json").read_text())
+    edit["auto_map"] = {"AutoConfig": "evil.Config", "AutoModelForCausalLM": "evil.Model"}
+    (out / "config.json").write_text(json.dumps(edit))
+    before = snapshot(out)
+    generated = run_inline("generate", f"ckpt={out}", "device=cpu", "prompt=abc", "max_new_tokens=4",
+                           "num_samples=1", "seed=1")
+    assert generated.returncode == 0 and "Traceback" not in generated.stderr, generated.stderr[-3000:]
+    exported = run_inline("export", f"ckpt={out}", "format=hf", f"out={tmp_path / 'again'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert not marker.exists() and snapshot(out) == before
+
+
 class _LeavesMarker:
     """Pickled, it calls os.system: what a hostile checkpoint would run if it were unpickled without weights_only."""
 
