@@ -474,6 +474,16 @@ def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, ca
         (run / "ckpt.pt").write_bytes(original)
 
 
+def test_a_lora_runs_adapter_file_given_as_a_model_says_where_the_model_is(lora_run):
+    run, _ = lora_run
+    before = snapshot(run)
+    for script, args in (("generate", ["device=cpu", "max_new_tokens=2"]),
+                         ("export", [f"out={run.parent / 'exported'}"])):
+        refused(run_inline(script, f"ckpt={run / 'adapter.pt'}", *args),
+                f"{run / 'adapter.pt'} holds a LoRA run's adapters alone, not a model")
+    assert snapshot(run) == before and not (run.parent / "exported").exists()
+
+
 # --- class 5 and 6: time to loss -----------------------------------------------------------------------------------
 
 def ttl_record(seed: int = 1) -> dict:
