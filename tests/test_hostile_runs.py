@@ -474,6 +474,18 @@ def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, ca
         (run / "ckpt.pt").write_bytes(original)
 
 
+@pytest.mark.slow
+def test_resuming_a_lora_run_with_another_rank_is_one_error_line_in_a_real_process(lora_run):
+    from conftest import run_script
+
+    run, args = lora_run
+    before = snapshot(run)
+    refused(run_script("train", *args, "chat.lora_rank=8"), f"{run / 'ckpt.pt'}: adapter entry ")
+    lock = str(run / ".lock")  # the folder's lock holds the pid of the last process that took it, this one's now
+    assert {k: v for k, v in snapshot(run).items() if k != lock} == {k: v for k, v in before.items() if k != lock}
+    no_temporary_files(run)
+
+
 def test_a_lora_runs_adapter_file_given_as_a_model_says_where_the_model_is(lora_run):
     run, _ = lora_run
     before = snapshot(run)
