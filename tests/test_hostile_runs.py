@@ -673,6 +673,7 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     result = run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}")
     assert result.returncode == 0, result.stderr
     assert out.is_file() and f"wrote {out}" in result.stdout
+    assert ".tmp" not in result.stdout + result.stderr  # gguf's writer named its temporary file as if it were out
     assert gguf.GGUFReader(out).fields["general.architecture"].contents() == "gpt2"
     before = out.read_bytes()
     refused(run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}"), "already exists")
