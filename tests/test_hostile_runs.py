@@ -359,8 +359,10 @@ BAD_DESIGNS = {
     "has a syntax error": "from gpt.model.design import Design\n\n\nclass Mine(Design:\n    name = 'mine'\n",
     "calls sys.exit": "import sys\n\nsys.exit(0)\n",  # would end the command silently, exit 0, as if it had worked
 }
-SAYS = {"registers a name twice": "ValueError: attention design 'mine_twice' is already registered",
-        "takes a built-in's name": "ValueError: attention design 'rope' is already registered",
+SAYS = {"registers a name twice": "ValueError: attention design 'mine_twice' is already registered (pass override=True"
+                                  " to replace it) (at {path}:9)",  # the user's line, not the registry's
+        "takes a built-in's name": "ValueError: attention design 'rope' is already registered (pass override=True "
+                                   "to replace it) (at {path}:8)",
         "raises on import": "RuntimeError: this design is broken (at {path}:1)",
         "has a syntax error": "SyntaxError: ",  # the parser's words vary with Python's version
         "calls sys.exit": "it called sys.exit(0) (at {path}:3)"}

@@ -39,7 +39,7 @@ def load(source: str) -> list[str]:
             registry.unregister(name)
         if isinstance(err, UserError) or not isinstance(err, (Exception, SystemExit)):
             raise  # Ctrl-C stays an interrupt (exit 130)
-        raise UserError(f"designs: importing {source} failed: {_failure(err)}",
+        raise UserError(f"designs: importing {source} failed: {_failure(err, key)}",
                         hint="fix that error in the design's module") from None
     names = [name for name in registry.available() if name not in before]
     if not names:
@@ -50,10 +50,10 @@ def load(source: str) -> list[str]:
     return names
 
 
-def _failure(err: BaseException) -> str:
-    """What went wrong importing a design, and where in the user's code: a syntax error at its own line, an
-    exception at the deepest frame of a real file, a sys.exit() as the exit it asked for (a design module must not
-    end the command: it would stop silently, or with exit 0 as if it had worked)."""
+def _failure(err: BaseException, key: str) -> str:
+    """What went wrong importing a design, and where: a syntax error at its own line, an exception at the deepest
+    line of the user's file or package (``key``; else of any real file), a sys.exit() as the exit it asked for (a
+    design module must not end the command: it would stop silently, or with exit 0 as if it had worked)."""
     if isinstance(err, SystemExit):
         said = "" if err.code is None else f"({err.code!r})"
         what = f"it called sys.exit{said or '()'}"
@@ -61,9 +61,11 @@ def _failure(err: BaseException) -> str:
         what = f"{type(err).__name__}: {err.msg if isinstance(err, SyntaxError) else err}"
     if isinstance(err, SyntaxError) and err.filename:
         return f"{what} (at {err.filename}:{err.lineno})"
-    frames = traceback.extract_tb(err.__traceback__)
-    where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames)
-                  if not f.filename.startswith("<") and f.filename != __file__), "")
+    frames = [f for f in reversed(traceback.extract_tb(err.__traceback__))
+              if not f.filename.startswith("<") and f.filename != __file__]
+    mine = Path(key).is_absolute()
+    theirs = [f for f in frames if mine and (f.filename == key or f.filename.startswith(key + os.sep))]
+    where = next((f"{f.filename}:{f.lineno}" for f in [*theirs, *frames]), "")
     return what + (f" (at {where})" if where else "")
 
 
