@@ -180,10 +180,11 @@ def test_the_arena_refuses_an_out_dir_whose_folders_hold_a_training_run_it_did_n
 
 # --- signals -----------------------------------------------------------------------------------------------------
 
-def start_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
-    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped."""
+def start_script(name: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped; ``env``
+    adds variables."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-        "PYTHONPATH", "")])}
+        "PYTHONPATH", "")]), **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     command = name.split() if name.startswith("-m ") else [str(ROOT / "scripts" / f"{name}.py")]
     return subprocess.Popen([sys.executable, *command, *args], env=env, text=True, cwd=cwd or ROOT,
@@ -355,7 +356,16 @@ BAD_DESIGNS = {
     "takes a built-in's name": "from gpt.model.design import Design, register\n\n\nclass Rope(Design):\n"
                                "    name = 'rope'\n\n\nregister(Rope())\n",
     "raises on import": "raise RuntimeError('this design is broken')\n",
+    "has a syntax error": "from gpt.model.design import Design\n\n\nclass Mine(Design:\n    name = 'mine'\n",
+    "calls sys.exit": "import sys\n\nsys.exit(0)\n",  # would end the command silently, exit 0, as if it had worked
 }
+SAYS = {"registers a name twice": "ValueError: attention design 'mine_twice' is already registered (pass override=True"
+                                  " to replace it) (at {path}:9)",  # the user's line, not the registry's
+        "takes a built-in's name": "ValueError: attention design 'rope' is already registered (pass override=True "
+                                   "to replace it) (at {path}:8)",
+        "raises on import": "RuntimeError: this design is broken (at {path}:1)",
+        "has a syntax error": "SyntaxError: ",  # the parser's words vary with Python's version
+        "calls sys.exit": "it called sys.exit(0) (at {path}:3)"}
 
 
 @pytest.mark.parametrize("how", ["designs=[...]", "GPT_DESIGNS"])
@@ -377,10 +387,22 @@ def test_a_design_file_that_fails_on_import_is_one_error_line_at_every_entry_poi
     if how == "GPT_DESIGNS":
         entries["design list"] = lambda a: run_main(design_list, a, env)
     for entry, run in entries.items():
-        line = refused(run(args), f"designs: importing {path} failed")
-        assert "already registered" in line or "this design is broken" in line, (entry, line)
+        line = refused(run(args), f"designs: importing {path} failed: " + SAYS[case].format(path=path))
+        assert case != "has a syntax error" or line.endswith(f"(at {path}:4)"), line  # the user's line, not ours
         assert registry.available() == known, entry  # nothing of the failed file stays registered
     assert not (tmp_path / "run").exists() and not (tmp_path / "arena").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["bench_interop", "-m gpt.attention"])
+def test_a_design_file_that_fails_on_import_is_one_error_line_in_a_real_process(tmp_path, entry):
+    """The entry points that are not Hydra scripts, as a user starts them (bench_interop printed a traceback)."""
+    path = tmp_path / "bad_design.py"
+    path.write_text(BAD_DESIGNS["has a syntax error"])
+    proc = start_script(entry, env={"GPT_DESIGNS": str(path)})
+    out, _ = proc.communicate(timeout=120)
+    refused(subprocess.CompletedProcess(entry, proc.returncode, "", out), f"designs: importing {path} failed: Syntax")
+    assert list(tmp_path.iterdir()) == [path]
 
 
 # --- class 3: LoRA adapters on resume ----------------------------------------------------------------------------
@@ -420,6 +442,16 @@ ADAPTER_CASES = {
                          "holds 'x.lora_Z'"),
     "not a mapping": (lambda payload: payload.__setitem__("adapter", "adapters"), ["chat.lora_rank=4"],
                       "its adapter entry is a str"),
+    "a sparse tensor": (tampered_adapter(lambda a, k: a.__setitem__(k, a[k].to_sparse())), ["chat.lora_rank=4"],
+                        "is a torch.sparse_coo tensor, not a dense one"),
+    "NaN values": (tampered_adapter(lambda a, k: a[k].fill_(float("nan"))), ["chat.lora_rank=4"],
+                   "holds NaN or infinite values"),
+    "another alpha": (None, ["chat.lora_rank=4", "chat.lora_alpha=77"], "its adapters were trained with "
+                      "chat.lora_alpha=16.0"),
+    "no adapters asked": (None, ["chat.lora_rank=0"], "trained with LoRA adapters, this run has none"),
+    "an optimizer moment of another shape": (
+        lambda payload: payload["optimizer"]["state"][0].__setitem__("exp_avg", payload["optimizer"]["state"][0][
+            "exp_avg"][:1].clone()), ["chat.lora_rank=4"], "its optimizer's exp_avg of "),
 }
 
 
@@ -437,11 +469,33 @@ def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, ca
             torch.save(payload, run / "ckpt.pt")
         before = snapshot(run)
         line = refused(run_inline("train", *args, *extra), named)
-        assert str(run / "ckpt.pt") in line and "adapter" in line
+        assert str(run / "ckpt.pt") in line and ("adapter" in line or "optimizer" in line)
         assert snapshot(run) == before
         no_temporary_files(run)
     finally:
         (run / "ckpt.pt").write_bytes(original)
+
+
+@pytest.mark.slow
+def test_resuming_a_lora_run_with_another_rank_is_one_error_line_in_a_real_process(lora_run):
+    from conftest import run_script
+
+    run, args = lora_run
+    before = snapshot(run)
+    refused(run_script("train", *args, "chat.lora_rank=8"), f"{run / 'ckpt.pt'}: adapter entry ")
+    lock = str(run / ".lock")  # the folder's lock holds the pid of the last process that took it, this one's now
+    assert {k: v for k, v in snapshot(run).items() if k != lock} == {k: v for k, v in before.items() if k != lock}
+    no_temporary_files(run)
+
+
+def test_a_lora_runs_adapter_file_given_as_a_model_says_where_the_model_is(lora_run):
+    run, _ = lora_run
+    before = snapshot(run)
+    for script, args in (("generate", ["device=cpu", "max_new_tokens=2"]),
+                         ("export", [f"out={run.parent / 'exported'}"])):
+        refused(run_inline(script, f"ckpt={run / 'adapter.pt'}", *args),
+                f"{run / 'adapter.pt'} holds a LoRA run's adapters alone, not a model")
+    assert snapshot(run) == before and not (run.parent / "exported").exists()
 
 
 # --- class 5 and 6: time to loss -----------------------------------------------------------------------------------
@@ -621,6 +675,7 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     result = run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}")
     assert result.returncode == 0, result.stderr
     assert out.is_file() and f"wrote {out}" in result.stdout
+    assert ".tmp" not in result.stdout + result.stderr  # gguf's writer named its temporary file as if it were out
     assert gguf.GGUFReader(out).fields["general.architecture"].contents() == "gpt2"
     before = out.read_bytes()
     refused(run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}"), "already exists")
@@ -628,6 +683,36 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     folder = tmp_path / "folder"
     assert run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={folder}").returncode == 0
     assert (folder / "model-f16.gguf").is_file()  # a folder: model-<gguf_type>.gguf inside, as before
+
+
+def test_scripts_given_an_export_whose_python_files_are_hostile_never_run_them(tmp_path):
+    """An export's modeling and design files, and a file its config.json's auto_map names, would leave a marker if
+    imported: generate and export read the folder (its config, weights and tokenizer) and never import them."""
+    import torch
+
+    from gpt import GPT, GPTConfig
+    from gpt.tokenizers.tokenizer import CharTokenizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, qk_norm=True))
+    out = formats.export(model.state_dict(), model.config, CharTokenizer(list("abcdefg\n")).to_meta(),
+                         tmp_path / "exp")
+    marker = tmp_path / "ran"
+    hostile = f"open({str(marker)!r}, 'w').write('ran')\n"
+    python_files = sorted(p.name for p in out.glob("*.py"))
+    assert "modeling_gpt_attention.py" in python_files and "design_qk_norm.py" in python_files
+    for name in [*python_files, "evil.py"]:
+        (out / name).write_text(hostile)
+    edit = json.loads((out / "config.json").read_text())
+    edit["auto_map"] = {"AutoConfig": "evil.Config", "AutoModelForCausalLM": "evil.Model"}
+    (out / "config.json").write_text(json.dumps(edit))
+    before = snapshot(out)
+    generated = run_inline("generate", f"ckpt={out}", "device=cpu", "prompt=abc", "max_new_tokens=4",
+                           "num_samples=1", "seed=1")
+    assert generated.returncode == 0 and "Traceback" not in generated.stderr, generated.stderr[-3000:]
+    exported = run_inline("export", f"ckpt={out}", "format=hf", f"out={tmp_path / 'again'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert not marker.exists() and snapshot(out) == before
 
 
 class _LeavesMarker:
