@@ -502,6 +502,33 @@ def test_a_tampered_time_to_loss_record_is_refused(ttl_out, monkeypatch, case):
 
 
 @pytest.mark.slow
+def test_ctrl_c_during_a_time_to_loss_run_lets_it_save_then_exits_130(tmp_path, data_args):
+    """Ctrl-C reaches the benchmark and its training process: the benchmark used to kill that process a quarter of a
+    second later (mid-save for a larger model) and, when only the trainer was stopped, recorded its partial run as
+    finished. Now it waits for the checkpoint, records nothing, and says so in one line."""
+    overrides = ["model=tiny", "device=cpu", "train.max_iters=100000", "train.batch_size=4", "train.eval_iters=1",
+                 "train.sample_tokens=0", *data_args]
+    out = tmp_path / "ttl"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), "recipes=[gpt2]", "seeds=[1]",
+                             "eval_interval=10", f"out_dir={out}", "overrides=[" + ",".join(f"'{o}'" for o in overrides) + "]"],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # a group of its own, as a terminal's Ctrl-C reaches
+    log, deadline = out / "gpt2-seed1" / "train.log", time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and "step 10:" not in (
+            log.read_text() if log.exists() else ""):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 130 and "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
+    assert "interrupted (Ctrl-C): gpt2-seed1 stopped unfinished" in errors[0] and "same command" in errors[0]
+    assert "stopped by SIGINT after step" in log.read_text() and (out / "gpt2-seed1" / "ckpt.pt").is_file()
+    assert not (out / "gpt2-seed1" / "time_to_loss.json").exists()  # not a finished run's record
+    no_temporary_files(out)
+
+
+@pytest.mark.slow
 def test_time_to_loss_with_a_relative_out_dir_runs_from_another_folder(tmp_path, data_args):
     from conftest import run_script
 
@@ -582,6 +609,33 @@ def test_ctrl_c_inside_an_isolated_case_is_its_result_not_a_traceback(capfd):
     result = run_isolated(interrupted_case, {}, timeout_s=60)
     assert result == {"error": "interrupted (Ctrl-C)", "stop": True}
     assert "Traceback" not in capfd.readouterr().err
+
+
+def case_of_minutes() -> dict:
+    time.sleep(120)
+    return {"slept": 120}
+
+
+def ctrl_c_then_case_of_minutes() -> dict:
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C reaching the case's process (a terminal's reaches the group)
+    return case_of_minutes()
+
+
+@pytest.mark.parametrize("when", ["noted before the case started", "inside the case"])
+def test_ctrl_c_stops_an_isolated_case_under_the_arenas_signal_guard(capfd, when):
+    """The arena forks each cell under its SignalGuard, which only notes a signal: a case inheriting that handler ran
+    on for its whole length (hours for a real cell) after a Ctrl-C that came before the trainer's own guard."""
+    from gpt.bench.isolate import run_isolated
+    from gpt.train.signals import SignalGuard
+
+    started = time.monotonic()
+    with SignalGuard(verbose=False) as guard:
+        if when == "noted before the case started":
+            os.kill(os.getpid(), signal.SIGINT)
+            assert guard.received == "SIGINT"
+        result = run_isolated(case_of_minutes if guard.received else ctrl_c_then_case_of_minutes, {}, timeout_s=60)
+    assert result == {"error": "interrupted (Ctrl-C)", "stop": True}
+    assert time.monotonic() - started < 30 and "Traceback" not in capfd.readouterr().err
 
 
 # --- left from rounds 2 and 3: exports ------------------------------------------------------------------------------

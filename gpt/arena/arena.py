@@ -272,20 +272,27 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     if len(todo) < len(cells):
         log(f"{len(cells) - len(todo)} of {len(cells)} runs finished already in {cfg.out_dir}: read back, not rerun")
 
+    stopped: list[str] = []  # the stop signal a cell's own process received, when this one received none
+
     def done(i: int, result: dict[str, Any]) -> bool:
         rows[i] = cell_row(cells[i], result)
         log(f"    {cells[i].group} seed {cells[i].seed}: {describe(rows[i])}")
         if "error" not in result:
             arena_runs.save(Path(cells[i].run.out_dir), result)
-        return bool(signals.received) or (bool(result.get("stop")) and "interrupted" in result.get("error", ""))
+        if result.get("stop") and str(result.get("error", "")).startswith("interrupted"):
+            stopped.append("SIGTERM" if "SIGTERM" in result["error"] else "Ctrl-C")
+        return bool(signals.received or stopped)
 
     with SignalGuard(verbose=False) as signals:  # Ctrl-C: the running cell saves its checkpoint; no new cell starts
         arena_runs.run_all(todo, devices(cfg), lambda i, device: run_cell(cfg, cells[i], device, log), done)
-    finished = sum("error" not in row for row in rows.values())
-    if signals.received or len(rows) < len(cells):
-        log(f"stopped: {finished} of {len(cells)} runs finished; run the same command again to resume")
     ordered = [rows[i] for i in sorted(rows)]
     write_reports(Path(cfg.out_dir), header(cfg, ordered), ordered, cfg.arena, log)
+    if signals.received or stopped:  # exit 130 with one line, as every script does when stopped
+        finished = sum("error" not in row for row in rows.values())
+        name = "Ctrl-C" if signals.received == "SIGINT" else signals.received or stopped[0]
+        raise KeyboardInterrupt(
+            f"interrupted ({name}): {finished} of {len(cells)} runs finished, kept in {cfg.out_dir} with the report "
+            "of them; an unfinished run keeps its last checkpoint: run the same command again to resume")
     return ordered
 
 

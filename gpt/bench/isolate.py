@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing as mp
+import signal
 import sys
 import threading
 import traceback
@@ -109,8 +110,25 @@ def tensor_bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _stop_signals_interrupt() -> None:
+    """In a case's process: Ctrl-C raises KeyboardInterrupt and SIGTERM KeyboardInterrupt("SIGTERM"), whatever
+    handler it inherited from the parent (a SignalGuard that only notes the signal would let a case of hours run on
+    after Ctrl-C); a stop the inherited handler noted before the fork stops the case at once."""
+    inherited = signal.getsignal(signal.SIGINT)
+
+    def sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, sigterm)
+    noted = getattr(getattr(inherited, "__self__", None), "received", None)  # gpt.train.signals.SignalGuard's
+    if isinstance(noted, str):
+        raise KeyboardInterrupt("SIGTERM" if noted == "SIGTERM" else "")
+
+
 def _child(conn: Connection, fn: Callable[..., dict], kwargs: dict) -> None:
     try:
+        _stop_signals_interrupt()
         result = fn(**kwargs)
     except torch.OutOfMemoryError as err:
         result = {"error": f"out of memory ({first_line(err)[:80]})", "stop": True}
@@ -118,6 +136,8 @@ def _child(conn: Connection, fn: Callable[..., dict], kwargs: dict) -> None:
         result = {"error": f"interrupted ({str(err) or 'Ctrl-C'})", "stop": True}
     except Exception as err:  # noqa: BLE001  (a case that fails is a result, not a crash)
         result = {"error": first_line(err), "traceback": traceback.format_exc()}
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the result is sent whole: a second Ctrl-C is the parent's to say
+        signal.signal(sig, signal.SIG_IGN)
     conn.send(result)
     conn.close()
 
