@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,20 +84,45 @@ def train_one(cfg: TimeToLossConfig, recipe: str, seed: int, log: Callable[[str]
                f"resume={'true' if folder.exists() else 'false'}"]
     log(f"{folder.name}: training ({' '.join(command[2:])})")
     started = time.time()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"{folder.name} still running after {cfg.timeout_s:g} s", hint="raise timeout_s") from None
-    if done.returncode != 0:
+    done, stopped_by = run_training(command, folder, cfg.timeout_s)
+    if done.returncode != 0 and not stopped_by:
         raise UserError(f"{folder.name} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}",
                         hint=f"run it alone to see why: {' '.join(command)}")
-    summary = read_summary(validate.Record(lenient_json(folder / "summary.json"), str(folder / "summary.json"),
-                                           hint=f"remove {folder} to run it again"))
-    result = {"recipe": recipe, "seed": seed, "launched": started, "summary": summary, "curve": val_curve(folder)}
+    record_of_run = validate.Record(lenient_json(folder / "summary.json"), str(folder / "summary.json"),
+                                    hint=f"remove {folder} to run it again") if done.returncode == 0 else None
+    if stopped_by or (record_of_run is not None and record_of_run.bool("interrupted", False)):
+        raise KeyboardInterrupt(f"interrupted ({stopped_by or 'a stop signal reached the training process'}): "
+                                f"{folder.name} stopped unfinished and keeps its last checkpoint, if it saved one; "
+                                f"the runs finished before are kept in {folder.parent}: run the same command again "
+                                "to resume")
+    launched, curve = val_curve(folder, started)
+    result = {"recipe": recipe, "seed": seed, "launched": launched, "summary": read_summary(record_of_run),
+              "curve": curve}
     text = json.dumps(result)
     atomic_write(record, lambda f: f.write(text.encode()), what="the time-to-loss record")
     return result
+
+
+def run_training(command: list[str], folder: Path, timeout_s: float) -> tuple[subprocess.CompletedProcess, str]:
+    """The training process run to its end, and the stop signal this one received meanwhile ("" if none).
+
+    Ctrl-C or SIGTERM here is passed on to the training process (a terminal's Ctrl-C reaches both: the trainer
+    counts a repeat within a second once), which saves its checkpoint and stops; this one waits for that rather
+    than killing it mid-save. A second one, later, makes the trainer quit at once, as in scripts/train.py."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, stopped_by = time.monotonic() + timeout_s, ""
+    while True:
+        try:
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            return subprocess.CompletedProcess(command, proc.returncode, out, err), stopped_by
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise UserError(f"{folder.name} still running after {timeout_s:g} s", hint="raise timeout_s") from None
+        except KeyboardInterrupt as stop:
+            stopped_by = stopped_by or ("SIGTERM" if str(stop) == "SIGTERM" else "Ctrl-C")
+            proc.send_signal(signal.SIGTERM if str(stop) == "SIGTERM" else signal.SIGINT)
 
 
 RECORD = "time_to_loss.json"
@@ -141,16 +167,32 @@ def read_summary(summary: validate.Record) -> dict[str, Any]:
     return out
 
 
-def val_curve(folder: Path) -> list[tuple[int, float, float]]:
-    """(step, wall time, val loss) at every evaluation, from the run's TensorBoard scalars."""
+def val_curve(folder: Path, started: float) -> tuple[float, list[tuple[int, float, float]]]:
+    """The run's launch time and its (step, wall time, val loss) at every evaluation, from its TensorBoard scalars.
+
+    ``started`` is when this process launched the training process. A run resumed after an interruption has
+    evaluations from before it: they are moved later by the time the run stood stopped, and its launch is put as
+    far before its first evaluation as the resumed process's first came after its start, so seconds to a loss count
+    training, not the pause (they came out negative)."""
     import logging
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0}, purge_orphaned_data=False)
     events.Reload()
-    return [(e.step, e.wall_time, e.value) for e in events.Scalars("val/loss")]
+    every = events.Scalars("val/loss")
+    first: dict[int, Any] = {}
+    for e in every:  # a step evaluated again after a resume: when it was first reached
+        first.setdefault(e.step, e)
+    earlier = [e.wall_time for e in every if e.wall_time < started]
+    if not earlier:
+        return started, [(step, e.wall_time, e.value) for step, e in sorted(first.items())]
+    pause = started - max(earlier)
+    startup = min((e.wall_time - started for e in every if e.wall_time >= started), default=0.0)
+    curve = [(step, e.wall_time + (pause if e.wall_time < started else 0.0), e.value)
+             for step, e in sorted(first.items())]
+    return min(earlier) + pause - startup, curve
 
 
 def reached(result: dict[str, Any], target: float) -> dict[str, float]:
