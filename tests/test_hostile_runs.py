@@ -309,6 +309,27 @@ def test_a_full_disk_during_data_rebuild_is_one_error_and_the_old_data_stays_usa
     check_full_disk_refusal(result, root, before)
 
 
+def test_a_file_size_limit_during_data_rebuild_is_one_error_and_the_old_data_stays_usable(tmp_path):
+    """The kernel refuses the write (EFBIG under RLIMIT_FSIZE, as ENOSPC on a full disk; Python ignores SIGXFSZ):
+    a real failed write through numpy, where the tmpfs above needs root."""
+    import resource
+
+    from conftest import write_corpus
+
+    root = tmp_path / "data"
+    args = ["data=text", f"data.root={root}"]
+    assert run_inline("prepare", *args, f"data.path={write_corpus(tmp_path / 'small')}").returncode == 0
+    before = snapshot(root)
+    corpus = big_corpus(tmp_path / "big", 8)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, hard))  # a 100,000-token shard of uint16 is 200,000 bytes
+    try:
+        result = run_inline("prepare", *args, f"data.path={corpus}", "data.rebuild=true", "data.shard_tokens=100000")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    check_full_disk_refusal(result, root, before)
+
+
 def test_a_short_write_during_data_rebuild_is_one_error_and_the_old_data_stays_usable(tmp_path, monkeypatch):
     from conftest import write_corpus
     from gpt.data import shards
