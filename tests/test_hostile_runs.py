@@ -104,8 +104,8 @@ TAMPERED = {  # what a tampered result holds -> what the error names
     "renamed row": ({"group": "gpt2", "variant": "../gpt2"}, "'group' is not a field an arena result holds"),
     "string figure": ({"val_bpb": "3.1"}, "val_bpb is missing or not a number"),
     "huge integer": ({"params": "HUGE"}, "params"),
-    "ragged map": ({"attention": [[1.0], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
-    "map of text": ({"attention": [["a", "b"], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
+    "ragged map": ({"attention": [[1.0], [0.5, 0.5]]}, "attention[0] must be 2 weights"),
+    "map of text": ({"attention": [["a", "b"], [0.5, 0.5]]}, "attention[0] must be 2 weights"),
     "curve of a number": ({"curve": 7}, "curve must be a non-empty list, got 7"),
     "curve point": ({"curve": [{"tokens": [], "seconds": 1, "train": 1, "val": 1}]}, "curve[0].tokens"),
     "deep nesting": ({"curve": "DEEP"}, "nested"),
@@ -113,6 +113,12 @@ TAMPERED = {  # what a tampered result holds -> what the error names
     "empty curve": ({"curve": []}, "curve must be a non-empty list"),
     "huge map": ({"attention": [[0.5] * 3000] * 3000}, "attention must be at most"),
     "not an object": (None, "must be a JSON object"),
+    "negative count": ({"steps": -4}, "steps must be an integer >= 0, got -4"),
+    "fractional count": ({"params": 1000.5}, "params must be an integer >= 0, got 1000.5"),
+    "negative figure": ({"val_bpb": -3.0}, "val_bpb must be a number >= 0, got -3.0"),
+    "map beyond [0, 1]": ({"attention": [[7.0, 0.0], [0.5, 0.5]]}, "attention[0] must be 2 weights in [0, 1]"),
+    "curve longer than its run": ({"curve": [{"tokens": 0, "seconds": 0, "train": 1, "val": 1}] * 1000},
+                                  "curve holds 1,000 evaluations, more than the"),
 }
 
 
@@ -477,12 +483,19 @@ def ttl_record(seed: int = 1) -> dict:
 TTL_TAMPERED = {
     "another run's record": (lambda r: r.update(seed=2), "not this folder's gpt2 seed 1"),
     "a renamed recipe": (lambda r: r.update(recipe="../modern"), "not this folder's gpt2 seed 1"),
-    "a string figure": (lambda r: r["summary"].update(step="30"), "summary.step must be a number"),
-    "a huge integer": (lambda r: r["summary"].update(tokens="HUGE"), "summary.tokens must be a number"),
+    "a string figure": (lambda r: r["summary"].update(step="30"), "summary.step is missing or not a number"),
+    "a huge integer": (lambda r: r["summary"].update(tokens="HUGE"), "summary.tokens is missing or not a number, got "
+                                                                     "an integer of 5,000 digits"),
     "a ragged curve": (lambda r: r["curve"].append([50, 1005.0]), "curve[4] must be [step, seconds, loss]"),
     "a curve of text": (lambda r: r.update(curve="no"), "curve must be a list"),
     "deep nesting": (lambda r: r.update(curve="DEEP"), "nested"),
     "an unknown field": (lambda r: r.update(extra=1), "'extra' is not a field"),
+    "a negative count": (lambda r: r["summary"].update(tokens=-7680), "summary.tokens must be an integer >= 0"),
+    "a fractional step": (lambda r: r["summary"].update(step=30.5), "summary.step must be an integer >= 0"),
+    "a negative step in the curve": (lambda r: r["curve"].__setitem__(0, [-10, 1001.0, 3.0]),
+                                     "curve[0] must be [step, seconds, loss] (a whole step and a loss >= 0)"),
+    "a curve longer than its run": (lambda r: r.update(curve=[[0, 1001.0, 3.0]] * 40),
+                                    "curve holds 40 evaluations, more than the 31 steps of its run"),
 }
 
 
@@ -530,8 +543,9 @@ def test_ctrl_c_during_a_time_to_loss_run_lets_it_save_then_exits_130(tmp_path, 
     overrides = ["model=tiny", "device=cpu", "train.max_iters=100000", "train.batch_size=4", "train.eval_iters=1",
                  "train.sample_tokens=0", *data_args]
     out = tmp_path / "ttl"
+    listed = "overrides=[" + ",".join(f"'{o}'" for o in overrides) + "]"
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), "recipes=[gpt2]", "seeds=[1]",
-                             "eval_interval=10", f"out_dir={out}", "overrides=[" + ",".join(f"'{o}'" for o in overrides) + "]"],
+                             "eval_interval=10", f"out_dir={out}", listed],
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # a group of its own, as a terminal's Ctrl-C reaches
     log, deadline = out / "gpt2-seed1" / "train.log", time.monotonic() + 120

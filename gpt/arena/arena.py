@@ -264,7 +264,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for i, cell in enumerate(cells):
-        kept = arena_runs.finished(Path(cell.run.out_dir))
+        kept = arena_runs.finished(Path(cell.run.out_dir), cell.run.train.max_iters + 1)  # one a step
         if kept is None:
             todo.append(i)
         else:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpt import validate
+from gpt.arena.runs import figure
 from gpt.errors import ConfigError, UserError, check_positive
 from gpt.files import atomic_write
 from gpt.train import recipe as training_recipes
@@ -144,26 +145,29 @@ def read_record(path: Path, recipe: str, seed: int) -> dict[str, Any]:
     if record.str("recipe") != recipe or record.int("seed", low=validate.INT64[0]) != seed:
         raise record.error(f"it records recipe {validate.shown(record.value['recipe'])} seed "
                            f"{validate.shown(record.value['seed'])}, not this folder's {recipe} seed {seed}")
+    summary = read_summary(record.record("summary"))
+    points = record.list("curve", of=list)
+    if len(points) > summary["step"] + 1:
+        raise record.error(f"curve holds {len(points):,} evaluations, more than the {summary['step'] + 1:,} steps "
+                           "of its run")
     curve = []
-    for i, point in enumerate(record.list("curve", of=list)):
+    for i, point in enumerate(points):
         if len(point) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in point) \
-                or not isinstance(point[0], int) or not all(math.isfinite(v) or j == 2 for j, v in enumerate(point)):
-            raise record.error(f"curve[{i}] must be [step, seconds, loss], got {validate.shown(point)}")
+                or not isinstance(point[0], int) or not 0 <= point[0] <= validate.INT64[1] \
+                or not math.isfinite(point[1]) or not (point[2] >= 0 or math.isnan(point[2])):
+            raise record.error(f"curve[{i}] must be [step, seconds, loss] (a whole step and a loss >= 0), "
+                               f"got {validate.shown(point)}")
         curve.append(tuple(point))
-    return {"recipe": recipe, "seed": seed, "launched": record.number("launched"),
-            "summary": read_summary(record.record("summary")), "curve": curve}
+    return {"recipe": recipe, "seed": seed, "launched": record.number("launched"), "summary": summary,
+            "curve": curve}
 
 
 def read_summary(summary: validate.Record) -> dict[str, Any]:
-    """The figures of a run's summary.json this benchmark reports (the final loss and the rate may be NaN)."""
-    out = {}
-    for key in SUMMARY_FIGURES:
-        value = summary.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                (isinstance(value, int) and not validate.INT64[0] <= value <= validate.INT64[1]) or \
-                (key not in ("final_val_loss", "tokens_per_sec") and not math.isfinite(value)):
-            raise summary.error(f"{summary.name(key)} must be a number, got {validate.shown(value)}")
-        out[key] = value
+    """The figures of a run's summary.json this benchmark reports: counts whole, nothing negative, the final loss
+    and the rate may be NaN (a diverged run), the seconds finite."""
+    out = {key: figure(summary, key, whole=key in ("tokens", "step", "peak_memory_bytes")) for key in SUMMARY_FIGURES}
+    if not math.isfinite(out["wall_s"]):
+        raise summary.error(f"{summary.name('wall_s')} must be a finite number, got {out['wall_s']!r}")
     return out
 
 
