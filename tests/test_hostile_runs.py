@@ -61,6 +61,8 @@ def test_plans_of_more_tokens_or_runs_than_can_finish_are_refused(tmp_path):
     seeds = "seeds=[" + ",".join(str(i) for i in range(600)) + "]"
     refused(run_inline("time_to_loss", seeds, f"out_dir={tmp_path / 't'}"),
             "2 recipes x 600 seeds is 1,200 training runs, more than the 1,000")
+    refused(run_inline("time_to_loss", "seeds=[3,-1]", f"out_dir={tmp_path / 't'}"),
+            "seeds must be in [0, 2**31), got -1")  # at once, not after the runs before it trained
     assert not (tmp_path / "a").exists() and not (tmp_path / "t").exists()
 
 

@@ -56,6 +56,9 @@ class TimeToLossConfig:
             raise ConfigError(f"{len(self.recipes)} recipes x {len(self.seeds):,} seeds is {runs:,} training runs, "
                               f"more than the {MAX_RUNS:,} this benchmark may plan",
                               hint="3 to 10 seeds separate most differences")
+        if not all(0 <= seed < 2**31 for seed in self.seeds):
+            raise ConfigError(f"seeds must be in [0, 2**31), got {[s for s in self.seeds if not 0 <= s < 2**31][0]}",
+                              hint="e.g. seeds=[1337,1338,1339]")
         if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"a recipe or seed is named twice: recipes={self.recipes}, seeds={self.seeds}")
         if self.target is not None and not (math.isfinite(self.target) and self.target > 0):
@@ -87,7 +90,9 @@ def train_one(cfg: TimeToLossConfig, recipe: str, seed: int, log: Callable[[str]
     started = time.time()
     done, stopped_by = run_training(command, folder, cfg.timeout_s)
     if done.returncode != 0 and not stopped_by:
-        raise UserError(f"{folder.name} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}",
+        said = [line[len("error: "):] for line in done.stderr.splitlines() if line.startswith("error: ")]
+        last = (said or done.stderr.strip().splitlines() or ["no output"])[-1]  # one line: its error, or its last
+        raise UserError(f"{folder.name} failed (exit {done.returncode}): {last[:400]}",
                         hint=f"run it alone to see why: {' '.join(command)}")
     record_of_run = validate.Record(lenient_json(folder / "summary.json"), str(folder / "summary.json"),
                                     hint=f"remove {folder} to run it again") if done.returncode == 0 else None
