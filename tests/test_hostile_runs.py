@@ -658,11 +658,13 @@ def ctrl_c_then_case_of_minutes() -> dict:
     return case_of_minutes()
 
 
+@pytest.mark.parametrize("where", ["own process", "this process"])
 @pytest.mark.parametrize("when", ["noted before the case started", "inside the case"])
-def test_ctrl_c_stops_an_isolated_case_under_the_arenas_signal_guard(capfd, when):
-    """The arena forks each cell under its SignalGuard, which only notes a signal: a case inheriting that handler ran
-    on for its whole length (hours for a real cell) after a Ctrl-C that came before the trainer's own guard."""
-    from gpt.bench.isolate import run_isolated
+def test_ctrl_c_stops_an_arena_case_under_the_arenas_signal_guard(capfd, when, where):
+    """The arena runs each cell under its SignalGuard, which only notes a signal (forked from it on a CPU, in its
+    process on one GPU): a cell under that handler ran on for its whole length (hours for a real cell) after a
+    Ctrl-C that came before the trainer's own guard or while it was scored."""
+    from gpt.bench.isolate import run_here_stoppable, run_isolated
     from gpt.train.signals import SignalGuard
 
     started = time.monotonic()
@@ -670,7 +672,9 @@ def test_ctrl_c_stops_an_isolated_case_under_the_arenas_signal_guard(capfd, when
         if when == "noted before the case started":
             os.kill(os.getpid(), signal.SIGINT)
             assert guard.received == "SIGINT"
-        result = run_isolated(case_of_minutes if guard.received else ctrl_c_then_case_of_minutes, {}, timeout_s=60)
+        case = case_of_minutes if guard.received else ctrl_c_then_case_of_minutes
+        result = run_isolated(case, {}, timeout_s=60) if where == "own process" else run_here_stoppable(case, {})
+        assert signal.getsignal(signal.SIGINT) == guard._handle  # the guard's handler is back
     assert result == {"error": "interrupted (Ctrl-C)", "stop": True}
     assert time.monotonic() - started < 30 and "Traceback" not in capfd.readouterr().err
 

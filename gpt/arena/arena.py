@@ -309,7 +309,7 @@ def run_cell(cfg: ArenaConfig, cell: Cell, device: str, log: Callable[[str], Non
     """Train and measure one cell on ``device``: in a process of its own on a CPU or beside other GPUs' runs, in
     this one on a single GPU (where the allocator's peak is reset per run)."""
     from gpt.arena import runs as arena_runs
-    from gpt.bench.isolate import run_here, run_isolated
+    from gpt.bench.isolate import run_here_stoppable, run_isolated
 
     run = cell.run
     log(f"[{cell.group} seed {cell.seed}] {run.train.max_iters} steps of "
@@ -320,7 +320,7 @@ def run_cell(cfg: ArenaConfig, cell: Cell, device: str, log: Callable[[str], Non
     kwargs = dict(run=run, eval_n=eval_tokens(cfg), decode_tokens=cfg.arena.decode_tokens)
     if device == "cpu" or len(devices(cfg)) > 1:
         return run_isolated(run_variant, kwargs, cfg.arena.timeout_s)
-    return run_here(run_variant, kwargs)
+    return run_here_stoppable(run_variant, kwargs)  # a Ctrl-C before the trainer's own guard stops the cell too
 
 
 def devices(cfg: ArenaConfig) -> list[str]:
