@@ -63,6 +63,13 @@ def test_plans_of_more_tokens_or_runs_than_can_finish_are_refused(tmp_path):
             "2 recipes x 600 seeds is 1,200 training runs, more than the 1,000")
     refused(run_inline("time_to_loss", "seeds=[3,-1]", f"out_dir={tmp_path / 't'}"),
             "seeds must be in [0, 2**31), got -1")  # at once, not after the runs before it trained
+    line = refused(run_inline("arena", "arena.flops=1e40", "arena.variants=[gpt2]", f"out_dir={tmp_path / 'a'}"),
+                   "1 runs (1 variants x 1 seeds) of 1e+40 FLOPs = ")  # 8.6e29 steps a run were planned
+    assert "training tokens: more than the 1e+15" in line
+    refused(run_inline("arena", "arena.timeout_s=1e300", f"out_dir={tmp_path / 'a'}"),
+            "arena.timeout_s must be at most 10,000,000 s")  # an OverflowError once the first cell started
+    refused(run_inline("time_to_loss", "timeout_s=1e300", f"out_dir={tmp_path / 't'}"),
+            "timeout_s must be at most 10,000,000 s")
     assert not (tmp_path / "a").exists() and not (tmp_path / "t").exists()
 
 

@@ -43,6 +43,7 @@ from gpt.train.config import RunConfig, TrainConfig
 MAX_RUNS = 1000  # training runs an arena may plan (a day of quick runs; each full run takes minutes to hours)
 MAX_TOKENS = 10**15  # training tokens a plan may add up to (GPT-3 trained on 3e11; a fast GPU does ~1e6 a second)
 MAP_TOKENS = MAP_SIDE  # tokens of the validation text whose attention maps are drawn side by side
+MAX_TIMEOUT_S = 10**7  # about 4 months: a wait beyond what a clock can count (1e300 s) raised OverflowError
 
 
 @dataclass
@@ -72,6 +73,9 @@ class ArenaSettings:
         check_positive(self, "eval_tokens", "seconds", "flops", optional=True, prefix="arena.")
         if not 0 < self.alpha < 0.5:
             raise ConfigError(f"arena.alpha must be in (0, 0.5), got {self.alpha!r}", hint="e.g. arena.alpha=0.05")
+        if self.timeout_s > MAX_TIMEOUT_S:
+            raise ConfigError(f"arena.timeout_s must be at most {MAX_TIMEOUT_S:,} s (about 4 months), got "
+                              f"{self.timeout_s:g}", hint="the default is 3600 (an hour a variant)")
         if self.flops is not None and self.seconds is not None:
             raise ConfigError("arena.flops and arena.seconds are two budgets: choose one",
                               hint="equal compute: arena.flops=<F>; equal time: arena.seconds=<S>")
@@ -113,7 +117,7 @@ class ArenaConfig(ScriptConfig):
         check_size(self)  # before the plan is built: a hundred million seeds would take minutes to list
         if not 0 <= self.seed <= 2**31 - self.arena.seeds:
             raise ConfigError(f"seed must be in [0, 2**31 - arena.seeds], got {self.seed}")
-        plan(self)  # every run's model and training config, validated before anything runs
+        check_tokens(self, plan(self))  # every run's model and training config, validated before anything runs
 
 
 def n_runs(cfg: ArenaConfig) -> int:
@@ -142,6 +146,16 @@ def check_size(cfg: ArenaConfig) -> None:
     if cfg.arena.flops is None and n_runs(cfg) * budget(cfg) > MAX_TOKENS:
         raise ConfigError(f"the arena's plan is {plan_cost(cfg)}: more than the {MAX_TOKENS:.0e} training tokens "
                           "any machine trains in a year", hint="a smaller arena.tokens (the default is 1,000,000)")
+
+
+def check_tokens(cfg: ArenaConfig, cells: list[Cell]) -> None:
+    """Refuse a FLOPs budget whose runs add up to more than MAX_TOKENS training tokens (known once each cell's FLOPs
+    per token is: arena.flops=1e40 planned 8.6e29 steps a run)."""
+    total = sum(c.run.train.max_iters * c.run.train.batch_size * c.run.train.grad_accum * c.run.model.block_size
+                for c in cells)
+    if total > MAX_TOKENS:
+        raise ConfigError(f"the arena's plan is {plan_cost(cfg)} = {total:.3g} training tokens: more than the "
+                          f"{MAX_TOKENS:.0e} any machine trains in a year", hint="a smaller arena.flops")
 
 
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:

@@ -31,6 +31,7 @@ from gpt.train import recipe as training_recipes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_RUNS = 1000  # training runs (recipes x seeds) one benchmark may plan: each is a whole training process
+MAX_TIMEOUT_S = 10**7  # about 4 months: a wait beyond what a clock can count (1e300 s) raised OverflowError
 
 
 @dataclass
@@ -47,6 +48,9 @@ class TimeToLossConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "eval_interval", "timeout_s")
+        if self.timeout_s > MAX_TIMEOUT_S:
+            raise ConfigError(f"timeout_s must be at most {MAX_TIMEOUT_S:,} s (about 4 months), got {self.timeout_s:g}",
+                              hint="the default is 7200 (two hours a run)")
         if not self.recipes or not self.seeds:
             raise ConfigError("recipes and seeds must each name at least one", hint="e.g. recipes=[gpt2,modern]")
         for name in self.recipes:
