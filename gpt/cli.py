@@ -8,52 +8,20 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
-from gpt.errors import UserError
+from gpt.errors import UserError, fail, report_user_errors  # noqa: F401 (the one-line printer, re-exported for the scripts)
 
 T = TypeVar("T")
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def report_user_errors(fn: Callable[[], T]) -> T:
-    """Run fn; a UserError prints ``error: <message>`` (and its hint) to stderr and exits 2.
-
-    Ctrl-C (and SIGTERM outside training, see :func:`hydra_entry`) exits 130 with one line: every writer of this
-    project replaces files only once complete and removes its temporary file, so nothing already written is
-    touched. The training loop saves and stops by itself. Any other exception is a bug and keeps its traceback.
-    HYDRA_FULL_ERROR=1 shows the traceback of user errors too.
-    """
-    try:
-        return fn()
-    except KeyboardInterrupt as err:  # raised with a message by writers that know what they kept (data preparation)
-        said = str(err)
-        if said in ("", "SIGINT", "SIGTERM"):
-            said = f"interrupted ({said or 'Ctrl-C'}); files already written are as they were"
-        print(f"\nerror: {said}", file=sys.stderr)
-        sys.exit(130)
-    except UserError as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        fail(err)
-
-
 def bring_designs() -> None:
-    """Load the attention designs GPT_DESIGNS names, before anything reads the registry: every entry point calls
-    this first, so a design file that fails on import is one ``error:`` line, exit 2, wherever it is used (the
-    registry's first read would otherwise load it inside Hydra's start-up or a module's import, a traceback)."""
-    from gpt.designs import loading
-    from gpt.model import design as registry
+    """Load GPT_DESIGNS' files first, each failure one ``error:`` line (gpt.designs.loading.bring_designs; imported
+    here when called, so a script's start-up does not pay for the registry)."""
+    from gpt.designs.loading import bring_designs as bring
 
-    report_user_errors(lambda: (registry.available(), loading.load_environment()))
-
-
-def fail(err: UserError) -> NoReturn:
-    """Print ``error: <message>`` and its hint to stderr, exit 2."""
-    print(f"error: {err}", file=sys.stderr)
-    if err.hint:
-        print(f"hint: {err.hint}", file=sys.stderr)
-    sys.exit(2)
+    bring()
 
 
 def hydra_entry(schema: str, config_name: str | None = None) -> Callable[[Callable[[Any], Any]], Callable[..., None]]:

@@ -430,7 +430,7 @@ def test_a_design_file_that_fails_on_import_is_one_error_line_at_every_entry_poi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", ["bench_interop", "-m gpt.attention"])
+@pytest.mark.parametrize("entry", ["bench_interop", "-m gpt.attention", "-m gpt.evaluation.lm_eval_model"])
 def test_a_design_file_that_fails_on_import_is_one_error_line_in_a_real_process(tmp_path, entry):
     """The entry points that are not Hydra scripts, as a user starts them (bench_interop printed a traceback)."""
     path = tmp_path / "bad_design.py"
@@ -439,6 +439,19 @@ def test_a_design_file_that_fails_on_import_is_one_error_line_in_a_real_process(
     out, _ = proc.communicate(timeout=120)
     refused(subprocess.CompletedProcess(entry, proc.returncode, "", out), f"designs: importing {path} failed: Syntax")
     assert list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.slow
+def test_lm_evals_command_line_through_this_project_says_a_users_mistake_in_one_line(tmp_path):
+    """`python -m gpt.evaluation.lm_eval_model run ...` (docs/evaluation.md): a checkpoint that is not there was
+    lm-eval's traceback of our UserError."""
+    pytest.importorskip("lm_eval")
+    missing = tmp_path / "missing"
+    proc = start_script("-m gpt.evaluation.lm_eval_model", "run", "--model", "gpt-attention", "--model_args",
+                        f"ckpt={missing}", "--device", "cpu", "--tasks", "hellaswag", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=180)
+    refused(subprocess.CompletedProcess("lm_eval", proc.returncode, "", out), f"checkpoint {missing} does not exist")
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- class 3: LoRA adapters on resume ----------------------------------------------------------------------------

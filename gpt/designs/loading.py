@@ -18,7 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from gpt.errors import UserError
+from gpt.errors import UserError, report_user_errors
 from gpt.model import design as registry
 
 ENV = "GPT_DESIGNS"
@@ -134,3 +134,10 @@ def _same(source: str, key: str) -> bool:
         return _key(source) == key
     except UserError:
         return False
+
+
+def bring_designs() -> None:
+    """Load the attention designs GPT_DESIGNS names, before anything reads the registry: every entry point calls
+    this first, so a design file that fails on import is one ``error:`` line, exit 2, wherever it is used (the
+    registry's first read would otherwise load it inside Hydra's start-up or a module's import, a traceback)."""
+    report_user_errors(lambda: (registry.available(), load_environment()))

@@ -112,7 +112,11 @@ class GPTAttentionLM(LM):
         return [text.out.getvalue() for text in texts]
 
 
-if __name__ == "__main__":  # lm_eval's command line, with gpt-attention registered
+if __name__ == "__main__":  # lm_eval's command line, with gpt-attention registered, errors as every command's
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    from gpt.designs.loading import bring_designs
+    from gpt.errors import report_user_errors
+
+    bring_designs()
+    report_user_errors(cli_evaluate)
