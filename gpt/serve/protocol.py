@@ -84,6 +84,8 @@ class _Sampling(_Body):
         if len(stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stop):
             raise APIError(400, f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters",
                            "stop")
+        if "" in stop:  # it would match before every token: a completion of nothing, whatever was asked
+            raise APIError(400, "stop strings must not be empty (leave stop out to stop only at max_tokens)", "stop")
         return stop
 
 
@@ -126,6 +128,10 @@ class ChatRequest(_Sampling):
     logprobs: bool | None = None
 
     def unsupported(self) -> list[str]:
+        for i, message in enumerate(self.messages):  # only an assistant's turn may be empty (OpenAI: tool calls)
+            if message.content is None and message.role != "assistant":
+                raise APIError(400, f"messages.{i}.content is required for a {message.role} message",
+                               f"messages.{i}.content")
         return [*super().unsupported(), *(["logprobs"] if self.logprobs else [])]
 
 

@@ -211,6 +211,9 @@ BAD = [  # (endpoint, body (model: the chat model unless given), status, what th
     ("chat", {"messages": {"role": "user", "content": "a"}}, 400, "messages: input should be a valid list"),
     ("chat", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content must be a string"),
     ("chat", {"stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
+    ("chat", {"messages": [{"role": "user"}]}, 400, "messages.0.content is required for a user message"),
+    ("chat", {"stop": ["\n", ""]}, 400, "stop strings must not be empty"),
+    ("completions", {"prompt": "a", "stop": ""}, 400, "stop strings must not be empty"),
     ("completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400,
      "stream_options is only allowed when stream is true"),
 ]
