@@ -70,8 +70,8 @@ class Design:
         return f"model.designs=[{self.name}]"
 
     def off(self, config: GPTConfig) -> str:
-        """How to turn it off."""
-        return f"model.designs without {self.name}"
+        """The setting that turns it off, the config's other designs kept: ``model.designs=[rope]``."""
+        return f"model.designs={spell([d for d in config.designs if d != self.name])}"
 
     def on_preset(self) -> dict[str, Any]:
         """Model overrides that switch it on (the arena's preset of the same name)."""
