@@ -95,4 +95,7 @@ def main(rounds: int) -> None:
 
 
 if __name__ == "__main__":
+    from gpt.cli import bring_designs
+
+    bring_designs()  # GPT_DESIGNS' files, as every script loads them: one failing is one error line
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)

@@ -54,4 +54,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gpt.cli import bring_designs
+
+    bring_designs()  # GPT_DESIGNS' files, as every script loads them: one failing is one error line
     main()

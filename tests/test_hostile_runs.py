@@ -61,6 +61,15 @@ def test_plans_of_more_tokens_or_runs_than_can_finish_are_refused(tmp_path):
     seeds = "seeds=[" + ",".join(str(i) for i in range(600)) + "]"
     refused(run_inline("time_to_loss", seeds, f"out_dir={tmp_path / 't'}"),
             "2 recipes x 600 seeds is 1,200 training runs, more than the 1,000")
+    refused(run_inline("time_to_loss", "seeds=[3,-1]", f"out_dir={tmp_path / 't'}"),
+            "seeds must be in [0, 2**31), got -1")  # at once, not after the runs before it trained
+    line = refused(run_inline("arena", "arena.flops=1e40", "arena.variants=[gpt2]", f"out_dir={tmp_path / 'a'}"),
+                   "1 runs (1 variants x 1 seeds) of 1e+40 FLOPs = ")  # 8.6e29 steps a run were planned
+    assert "training tokens: more than the 1e+15" in line
+    refused(run_inline("arena", "arena.timeout_s=1e300", f"out_dir={tmp_path / 'a'}"),
+            "arena.timeout_s must be at most 10,000,000 s")  # an OverflowError once the first cell started
+    refused(run_inline("time_to_loss", "timeout_s=1e300", f"out_dir={tmp_path / 't'}"),
+            "timeout_s must be at most 10,000,000 s")
     assert not (tmp_path / "a").exists() and not (tmp_path / "t").exists()
 
 
@@ -104,8 +113,8 @@ TAMPERED = {  # what a tampered result holds -> what the error names
     "renamed row": ({"group": "gpt2", "variant": "../gpt2"}, "'group' is not a field an arena result holds"),
     "string figure": ({"val_bpb": "3.1"}, "val_bpb is missing or not a number"),
     "huge integer": ({"params": "HUGE"}, "params"),
-    "ragged map": ({"attention": [[1.0], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
-    "map of text": ({"attention": [["a", "b"], [0.5, 0.5]]}, "attention[0] must be 2 numbers"),
+    "ragged map": ({"attention": [[1.0], [0.5, 0.5]]}, "attention[0] must be 2 weights"),
+    "map of text": ({"attention": [["a", "b"], [0.5, 0.5]]}, "attention[0] must be 2 weights"),
     "curve of a number": ({"curve": 7}, "curve must be a non-empty list, got 7"),
     "curve point": ({"curve": [{"tokens": [], "seconds": 1, "train": 1, "val": 1}]}, "curve[0].tokens"),
     "deep nesting": ({"curve": "DEEP"}, "nested"),
@@ -113,6 +122,12 @@ TAMPERED = {  # what a tampered result holds -> what the error names
     "empty curve": ({"curve": []}, "curve must be a non-empty list"),
     "huge map": ({"attention": [[0.5] * 3000] * 3000}, "attention must be at most"),
     "not an object": (None, "must be a JSON object"),
+    "negative count": ({"steps": -4}, "steps must be an integer >= 0, got -4"),
+    "fractional count": ({"params": 1000.5}, "params must be an integer >= 0, got 1000.5"),
+    "negative figure": ({"val_bpb": -3.0}, "val_bpb must be a number >= 0, got -3.0"),
+    "map beyond [0, 1]": ({"attention": [[7.0, 0.0], [0.5, 0.5]]}, "attention[0] must be 2 weights in [0, 1]"),
+    "curve longer than its run": ({"curve": [{"tokens": 0, "seconds": 0, "train": 1, "val": 1}] * 1000},
+                                  "curve holds 1,000 evaluations, more than the"),
 }
 
 
@@ -180,10 +195,11 @@ def test_the_arena_refuses_an_out_dir_whose_folders_hold_a_training_run_it_did_n
 
 # --- signals -----------------------------------------------------------------------------------------------------
 
-def start_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
-    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped."""
+def start_script(name: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """scripts/<name>.py (or ``-m module`` when name starts with -m) in a process of its own, output piped; ``env``
+    adds variables."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-        "PYTHONPATH", "")])}
+        "PYTHONPATH", "")]), **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     command = name.split() if name.startswith("-m ") else [str(ROOT / "scripts" / f"{name}.py")]
     return subprocess.Popen([sys.executable, *command, *args], env=env, text=True, cwd=cwd or ROOT,
@@ -309,6 +325,27 @@ def test_a_full_disk_during_data_rebuild_is_one_error_and_the_old_data_stays_usa
     check_full_disk_refusal(result, root, before)
 
 
+def test_a_file_size_limit_during_data_rebuild_is_one_error_and_the_old_data_stays_usable(tmp_path):
+    """The kernel refuses the write (EFBIG under RLIMIT_FSIZE, as ENOSPC on a full disk; Python ignores SIGXFSZ):
+    a real failed write through numpy, where the tmpfs above needs root."""
+    import resource
+
+    from conftest import write_corpus
+
+    root = tmp_path / "data"
+    args = ["data=text", f"data.root={root}"]
+    assert run_inline("prepare", *args, f"data.path={write_corpus(tmp_path / 'small')}").returncode == 0
+    before = snapshot(root)
+    corpus = big_corpus(tmp_path / "big", 8)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, hard))  # a 100,000-token shard of uint16 is 200,000 bytes
+    try:
+        result = run_inline("prepare", *args, f"data.path={corpus}", "data.rebuild=true", "data.shard_tokens=100000")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    check_full_disk_refusal(result, root, before)
+
+
 def test_a_short_write_during_data_rebuild_is_one_error_and_the_old_data_stays_usable(tmp_path, monkeypatch):
     from conftest import write_corpus
     from gpt.data import shards
@@ -355,7 +392,16 @@ BAD_DESIGNS = {
     "takes a built-in's name": "from gpt.model.design import Design, register\n\n\nclass Rope(Design):\n"
                                "    name = 'rope'\n\n\nregister(Rope())\n",
     "raises on import": "raise RuntimeError('this design is broken')\n",
+    "has a syntax error": "from gpt.model.design import Design\n\n\nclass Mine(Design:\n    name = 'mine'\n",
+    "calls sys.exit": "import sys\n\nsys.exit(0)\n",  # would end the command silently, exit 0, as if it had worked
 }
+SAYS = {"registers a name twice": "ValueError: attention design 'mine_twice' is already registered (pass override=True"
+                                  " to replace it) (at {path}:9)",  # the user's line, not the registry's
+        "takes a built-in's name": "ValueError: attention design 'rope' is already registered (pass override=True "
+                                   "to replace it) (at {path}:8)",
+        "raises on import": "RuntimeError: this design is broken (at {path}:1)",
+        "has a syntax error": "SyntaxError: ",  # the parser's words vary with Python's version
+        "calls sys.exit": "it called sys.exit(0) (at {path}:3)"}
 
 
 @pytest.mark.parametrize("how", ["designs=[...]", "GPT_DESIGNS"])
@@ -377,10 +423,22 @@ def test_a_design_file_that_fails_on_import_is_one_error_line_at_every_entry_poi
     if how == "GPT_DESIGNS":
         entries["design list"] = lambda a: run_main(design_list, a, env)
     for entry, run in entries.items():
-        line = refused(run(args), f"designs: importing {path} failed")
-        assert "already registered" in line or "this design is broken" in line, (entry, line)
+        line = refused(run(args), f"designs: importing {path} failed: " + SAYS[case].format(path=path))
+        assert case != "has a syntax error" or line.endswith(f"(at {path}:4)"), line  # the user's line, not ours
         assert registry.available() == known, entry  # nothing of the failed file stays registered
     assert not (tmp_path / "run").exists() and not (tmp_path / "arena").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["bench_interop", "-m gpt.attention"])
+def test_a_design_file_that_fails_on_import_is_one_error_line_in_a_real_process(tmp_path, entry):
+    """The entry points that are not Hydra scripts, as a user starts them (bench_interop printed a traceback)."""
+    path = tmp_path / "bad_design.py"
+    path.write_text(BAD_DESIGNS["has a syntax error"])
+    proc = start_script(entry, env={"GPT_DESIGNS": str(path)})
+    out, _ = proc.communicate(timeout=120)
+    refused(subprocess.CompletedProcess(entry, proc.returncode, "", out), f"designs: importing {path} failed: Syntax")
+    assert list(tmp_path.iterdir()) == [path]
 
 
 # --- class 3: LoRA adapters on resume ----------------------------------------------------------------------------
@@ -420,6 +478,16 @@ ADAPTER_CASES = {
                          "holds 'x.lora_Z'"),
     "not a mapping": (lambda payload: payload.__setitem__("adapter", "adapters"), ["chat.lora_rank=4"],
                       "its adapter entry is a str"),
+    "a sparse tensor": (tampered_adapter(lambda a, k: a.__setitem__(k, a[k].to_sparse())), ["chat.lora_rank=4"],
+                        "is a torch.sparse_coo tensor, not a dense one"),
+    "NaN values": (tampered_adapter(lambda a, k: a[k].fill_(float("nan"))), ["chat.lora_rank=4"],
+                   "holds NaN or infinite values"),
+    "another alpha": (None, ["chat.lora_rank=4", "chat.lora_alpha=77"], "its adapters were trained with "
+                      "chat.lora_alpha=16.0"),
+    "no adapters asked": (None, ["chat.lora_rank=0"], "trained with LoRA adapters, this run has none"),
+    "an optimizer moment of another shape": (
+        lambda payload: payload["optimizer"]["state"][0].__setitem__("exp_avg", payload["optimizer"]["state"][0][
+            "exp_avg"][:1].clone()), ["chat.lora_rank=4"], "its optimizer's exp_avg of "),
 }
 
 
@@ -437,11 +505,33 @@ def test_a_resumed_lora_run_checks_its_adapters_before_loading_them(lora_run, ca
             torch.save(payload, run / "ckpt.pt")
         before = snapshot(run)
         line = refused(run_inline("train", *args, *extra), named)
-        assert str(run / "ckpt.pt") in line and "adapter" in line
+        assert str(run / "ckpt.pt") in line and ("adapter" in line or "optimizer" in line)
         assert snapshot(run) == before
         no_temporary_files(run)
     finally:
         (run / "ckpt.pt").write_bytes(original)
+
+
+@pytest.mark.slow
+def test_resuming_a_lora_run_with_another_rank_is_one_error_line_in_a_real_process(lora_run):
+    from conftest import run_script
+
+    run, args = lora_run
+    before = snapshot(run)
+    refused(run_script("train", *args, "chat.lora_rank=8"), f"{run / 'ckpt.pt'}: adapter entry ")
+    lock = str(run / ".lock")  # the folder's lock holds the pid of the last process that took it, this one's now
+    assert {k: v for k, v in snapshot(run).items() if k != lock} == {k: v for k, v in before.items() if k != lock}
+    no_temporary_files(run)
+
+
+def test_a_lora_runs_adapter_file_given_as_a_model_says_where_the_model_is(lora_run):
+    run, _ = lora_run
+    before = snapshot(run)
+    for script, args in (("generate", ["device=cpu", "max_new_tokens=2"]),
+                         ("export", [f"out={run.parent / 'exported'}"])):
+        refused(run_inline(script, f"ckpt={run / 'adapter.pt'}", *args),
+                f"{run / 'adapter.pt'} holds a LoRA run's adapters alone, not a model")
+    assert snapshot(run) == before and not (run.parent / "exported").exists()
 
 
 # --- class 5 and 6: time to loss -----------------------------------------------------------------------------------
@@ -456,12 +546,19 @@ def ttl_record(seed: int = 1) -> dict:
 TTL_TAMPERED = {
     "another run's record": (lambda r: r.update(seed=2), "not this folder's gpt2 seed 1"),
     "a renamed recipe": (lambda r: r.update(recipe="../modern"), "not this folder's gpt2 seed 1"),
-    "a string figure": (lambda r: r["summary"].update(step="30"), "summary.step must be a number"),
-    "a huge integer": (lambda r: r["summary"].update(tokens="HUGE"), "summary.tokens must be a number"),
+    "a string figure": (lambda r: r["summary"].update(step="30"), "summary.step is missing or not a number"),
+    "a huge integer": (lambda r: r["summary"].update(tokens="HUGE"), "summary.tokens is missing or not a number, got "
+                                                                     "an integer of 5,000 digits"),
     "a ragged curve": (lambda r: r["curve"].append([50, 1005.0]), "curve[4] must be [step, seconds, loss]"),
     "a curve of text": (lambda r: r.update(curve="no"), "curve must be a list"),
     "deep nesting": (lambda r: r.update(curve="DEEP"), "nested"),
     "an unknown field": (lambda r: r.update(extra=1), "'extra' is not a field"),
+    "a negative count": (lambda r: r["summary"].update(tokens=-7680), "summary.tokens must be an integer >= 0"),
+    "a fractional step": (lambda r: r["summary"].update(step=30.5), "summary.step must be an integer >= 0"),
+    "a negative step in the curve": (lambda r: r["curve"].__setitem__(0, [-10, 1001.0, 3.0]),
+                                     "curve[0] must be [step, seconds, loss] (a whole step and a loss >= 0)"),
+    "a curve longer than its run": (lambda r: r.update(curve=[[0, 1001.0, 3.0]] * 40),
+                                    "curve holds 40 evaluations, more than the 31 steps of its run"),
 }
 
 
@@ -499,6 +596,34 @@ def test_a_tampered_time_to_loss_record_is_refused(ttl_out, monkeypatch, case):
         no_temporary_files(ttl_out / "ttl")
     finally:
         path.write_bytes(original)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_time_to_loss_run_lets_it_save_then_exits_130(tmp_path, data_args):
+    """Ctrl-C reaches the benchmark and its training process: the benchmark used to kill that process a quarter of a
+    second later (mid-save for a larger model) and, when only the trainer was stopped, recorded its partial run as
+    finished. Now it waits for the checkpoint, records nothing, and says so in one line."""
+    overrides = ["model=tiny", "device=cpu", "train.max_iters=100000", "train.batch_size=4", "train.eval_iters=1",
+                 "train.sample_tokens=0", *data_args]
+    out = tmp_path / "ttl"
+    listed = "overrides=[" + ",".join(f"'{o}'" for o in overrides) + "]"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), "recipes=[gpt2]", "seeds=[1]",
+                             "eval_interval=10", f"out_dir={out}", listed],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # a group of its own, as a terminal's Ctrl-C reaches
+    log, deadline = out / "gpt2-seed1" / "train.log", time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and "step 10:" not in (
+            log.read_text() if log.exists() else ""):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 130 and "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
+    assert "interrupted (Ctrl-C): gpt2-seed1 stopped unfinished" in errors[0] and "same command" in errors[0]
+    assert "stopped by SIGINT after step" in log.read_text() and (out / "gpt2-seed1" / "ckpt.pt").is_file()
+    assert not (out / "gpt2-seed1" / "time_to_loss.json").exists()  # not a finished run's record
+    no_temporary_files(out)
 
 
 @pytest.mark.slow
@@ -584,6 +709,37 @@ def test_ctrl_c_inside_an_isolated_case_is_its_result_not_a_traceback(capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def case_of_minutes() -> dict:
+    time.sleep(120)
+    return {"slept": 120}
+
+
+def ctrl_c_then_case_of_minutes() -> dict:
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C reaching the case's process (a terminal's reaches the group)
+    return case_of_minutes()
+
+
+@pytest.mark.parametrize("where", ["own process", "this process"])
+@pytest.mark.parametrize("when", ["noted before the case started", "inside the case"])
+def test_ctrl_c_stops_an_arena_case_under_the_arenas_signal_guard(capfd, when, where):
+    """The arena runs each cell under its SignalGuard, which only notes a signal (forked from it on a CPU, in its
+    process on one GPU): a cell under that handler ran on for its whole length (hours for a real cell) after a
+    Ctrl-C that came before the trainer's own guard or while it was scored."""
+    from gpt.bench.isolate import run_here_stoppable, run_isolated
+    from gpt.train.signals import SignalGuard
+
+    started = time.monotonic()
+    with SignalGuard(verbose=False) as guard:
+        if when == "noted before the case started":
+            os.kill(os.getpid(), signal.SIGINT)
+            assert guard.received == "SIGINT"
+        case = case_of_minutes if guard.received else ctrl_c_then_case_of_minutes
+        result = run_isolated(case, {}, timeout_s=60) if where == "own process" else run_here_stoppable(case, {})
+        assert signal.getsignal(signal.SIGINT) == guard._handle  # the guard's handler is back
+    assert result == {"error": "interrupted (Ctrl-C)", "stop": True}
+    assert time.monotonic() - started < 30 and "Traceback" not in capfd.readouterr().err
+
+
 # --- left from rounds 2 and 3: exports ------------------------------------------------------------------------------
 
 def test_a_remote_code_export_declares_its_context_and_generates_past_it(tmp_path):
@@ -621,6 +777,7 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     result = run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}")
     assert result.returncode == 0, result.stderr
     assert out.is_file() and f"wrote {out}" in result.stdout
+    assert ".tmp" not in result.stdout + result.stderr  # gguf's writer named its temporary file as if it were out
     assert gguf.GGUFReader(out).fields["general.architecture"].contents() == "gpt2"
     before = out.read_bytes()
     refused(run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={out}"), "already exists")
@@ -628,6 +785,36 @@ def test_format_gguf_with_an_out_ending_in_gguf_writes_that_file(tmp_path):
     folder = tmp_path / "folder"
     assert run_inline("export", f"ckpt={tmp_path / 'ckpt.pt'}", "format=gguf", f"out={folder}").returncode == 0
     assert (folder / "model-f16.gguf").is_file()  # a folder: model-<gguf_type>.gguf inside, as before
+
+
+def test_scripts_given_an_export_whose_python_files_are_hostile_never_run_them(tmp_path):
+    """An export's modeling and design files, and a file its config.json's auto_map names, would leave a marker if
+    imported: generate and export read the folder (its config, weights and tokenizer) and never import them."""
+    import torch
+
+    from gpt import GPT, GPTConfig
+    from gpt.tokenizers.tokenizer import CharTokenizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, qk_norm=True))
+    out = formats.export(model.state_dict(), model.config, CharTokenizer(list("abcdefg\n")).to_meta(),
+                         tmp_path / "exp")
+    marker = tmp_path / "ran"
+    hostile = f"open({str(marker)!r}, 'w').write('ran')\n"
+    python_files = sorted(p.name for p in out.glob("*.py"))
+    assert "modeling_gpt_attention.py" in python_files and "design_qk_norm.py" in python_files
+    for name in [*python_files, "evil.py"]:
+        (out / name).write_text(hostile)
+    edit = json.loads((out / "config.json").read_text())
+    edit["auto_map"] = {"AutoConfig": "evil.Config", "AutoModelForCausalLM": "evil.Model"}
+    (out / "config.json").write_text(json.dumps(edit))
+    before = snapshot(out)
+    generated = run_inline("generate", f"ckpt={out}", "device=cpu", "prompt=abc", "max_new_tokens=4",
+                           "num_samples=1", "seed=1")
+    assert generated.returncode == 0 and "Traceback" not in generated.stderr, generated.stderr[-3000:]
+    exported = run_inline("export", f"ckpt={out}", "format=hf", f"out={tmp_path / 'again'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert not marker.exists() and snapshot(out) == before
 
 
 class _LeavesMarker:

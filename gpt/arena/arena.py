@@ -43,6 +43,7 @@ from gpt.train.config import RunConfig, TrainConfig
 MAX_RUNS = 1000  # training runs an arena may plan (a day of quick runs; each full run takes minutes to hours)
 MAX_TOKENS = 10**15  # training tokens a plan may add up to (GPT-3 trained on 3e11; a fast GPU does ~1e6 a second)
 MAP_TOKENS = MAP_SIDE  # tokens of the validation text whose attention maps are drawn side by side
+MAX_TIMEOUT_S = 10**7  # about 4 months: a wait beyond what a clock can count (1e300 s) raised OverflowError
 
 
 @dataclass
@@ -72,6 +73,9 @@ class ArenaSettings:
         check_positive(self, "eval_tokens", "seconds", "flops", optional=True, prefix="arena.")
         if not 0 < self.alpha < 0.5:
             raise ConfigError(f"arena.alpha must be in (0, 0.5), got {self.alpha!r}", hint="e.g. arena.alpha=0.05")
+        if self.timeout_s > MAX_TIMEOUT_S:
+            raise ConfigError(f"arena.timeout_s must be at most {MAX_TIMEOUT_S:,} s (about 4 months), got "
+                              f"{self.timeout_s:g}", hint="the default is 3600 (an hour a variant)")
         if self.flops is not None and self.seconds is not None:
             raise ConfigError("arena.flops and arena.seconds are two budgets: choose one",
                               hint="equal compute: arena.flops=<F>; equal time: arena.seconds=<S>")
@@ -113,7 +117,7 @@ class ArenaConfig(ScriptConfig):
         check_size(self)  # before the plan is built: a hundred million seeds would take minutes to list
         if not 0 <= self.seed <= 2**31 - self.arena.seeds:
             raise ConfigError(f"seed must be in [0, 2**31 - arena.seeds], got {self.seed}")
-        plan(self)  # every run's model and training config, validated before anything runs
+        check_tokens(self, plan(self))  # every run's model and training config, validated before anything runs
 
 
 def n_runs(cfg: ArenaConfig) -> int:
@@ -142,6 +146,16 @@ def check_size(cfg: ArenaConfig) -> None:
     if cfg.arena.flops is None and n_runs(cfg) * budget(cfg) > MAX_TOKENS:
         raise ConfigError(f"the arena's plan is {plan_cost(cfg)}: more than the {MAX_TOKENS:.0e} training tokens "
                           "any machine trains in a year", hint="a smaller arena.tokens (the default is 1,000,000)")
+
+
+def check_tokens(cfg: ArenaConfig, cells: list[Cell]) -> None:
+    """Refuse a FLOPs budget whose runs add up to more than MAX_TOKENS training tokens (known once each cell's FLOPs
+    per token is: arena.flops=1e40 planned 8.6e29 steps a run)."""
+    total = sum(c.run.train.max_iters * c.run.train.batch_size * c.run.train.grad_accum * c.run.model.block_size
+                for c in cells)
+    if total > MAX_TOKENS:
+        raise ConfigError(f"the arena's plan is {plan_cost(cfg)} = {total:.3g} training tokens: more than the "
+                          f"{MAX_TOKENS:.0e} any machine trains in a year", hint="a smaller arena.flops")
 
 
 def variant_runs(cfg: ArenaConfig) -> list[tuple[str, RunConfig]]:
@@ -264,7 +278,7 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for i, cell in enumerate(cells):
-        kept = arena_runs.finished(Path(cell.run.out_dir))
+        kept = arena_runs.finished(Path(cell.run.out_dir), cell.run.train.max_iters + 1)  # one a step
         if kept is None:
             todo.append(i)
         else:
@@ -272,20 +286,27 @@ def run(cfg: ArenaConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     if len(todo) < len(cells):
         log(f"{len(cells) - len(todo)} of {len(cells)} runs finished already in {cfg.out_dir}: read back, not rerun")
 
+    stopped: list[str] = []  # the stop signal a cell's own process received, when this one received none
+
     def done(i: int, result: dict[str, Any]) -> bool:
         rows[i] = cell_row(cells[i], result)
         log(f"    {cells[i].group} seed {cells[i].seed}: {describe(rows[i])}")
         if "error" not in result:
             arena_runs.save(Path(cells[i].run.out_dir), result)
-        return bool(signals.received) or (bool(result.get("stop")) and "interrupted" in result.get("error", ""))
+        if result.get("stop") and str(result.get("error", "")).startswith("interrupted"):
+            stopped.append("SIGTERM" if "SIGTERM" in result["error"] else "Ctrl-C")
+        return bool(signals.received or stopped)
 
     with SignalGuard(verbose=False) as signals:  # Ctrl-C: the running cell saves its checkpoint; no new cell starts
         arena_runs.run_all(todo, devices(cfg), lambda i, device: run_cell(cfg, cells[i], device, log), done)
-    finished = sum("error" not in row for row in rows.values())
-    if signals.received or len(rows) < len(cells):
-        log(f"stopped: {finished} of {len(cells)} runs finished; run the same command again to resume")
     ordered = [rows[i] for i in sorted(rows)]
     write_reports(Path(cfg.out_dir), header(cfg, ordered), ordered, cfg.arena, log)
+    if signals.received or stopped:  # exit 130 with one line, as every script does when stopped
+        finished = sum("error" not in row for row in rows.values())
+        name = "Ctrl-C" if signals.received == "SIGINT" else signals.received or stopped[0]
+        raise KeyboardInterrupt(
+            f"interrupted ({name}): {finished} of {len(cells)} runs finished, kept in {cfg.out_dir} with the report "
+            "of them; an unfinished run keeps its last checkpoint: run the same command again to resume")
     return ordered
 
 
@@ -302,7 +323,7 @@ def run_cell(cfg: ArenaConfig, cell: Cell, device: str, log: Callable[[str], Non
     """Train and measure one cell on ``device``: in a process of its own on a CPU or beside other GPUs' runs, in
     this one on a single GPU (where the allocator's peak is reset per run)."""
     from gpt.arena import runs as arena_runs
-    from gpt.bench.isolate import run_here, run_isolated
+    from gpt.bench.isolate import run_here_stoppable, run_isolated
 
     run = cell.run
     log(f"[{cell.group} seed {cell.seed}] {run.train.max_iters} steps of "
@@ -313,7 +334,7 @@ def run_cell(cfg: ArenaConfig, cell: Cell, device: str, log: Callable[[str], Non
     kwargs = dict(run=run, eval_n=eval_tokens(cfg), decode_tokens=cfg.arena.decode_tokens)
     if device == "cpu" or len(devices(cfg)) > 1:
         return run_isolated(run_variant, kwargs, cfg.arena.timeout_s)
-    return run_here(run_variant, kwargs)
+    return run_here_stoppable(run_variant, kwargs)  # a Ctrl-C before the trainer's own guard stops the cell too
 
 
 def devices(cfg: ArenaConfig) -> list[str]:

@@ -10,6 +10,7 @@ again, the arena reads the finished rows back, resumes an unfinished cell from i
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ CELL_FILE = "arena_cell.json"
 RESULT_FILE = "arena_result.json"
 NUMBERS = ("params", "steps", "tokens", "val_loss", "val_bpb", "val_tokens", "tokens_per_s", "peak_mib",
            "kv_bytes_per_token", "decode_tok_s", "train_s")  # what a finished row must hold, as numbers
+COUNTS = ("params", "steps", "tokens", "val_tokens")  # of those, the whole numbers
 MAP_SIDE = 32  # tokens of the attention map a result holds, at most (gpt.arena.arena draws that many)
 Job = TypeVar("Job")
 
@@ -83,10 +85,11 @@ def check_folder(folder: Path, run: Any, out_dir: Path | None = None) -> None:
                           hint="choose another out_dir (or remove that folder)")
 
 
-def finished(folder: Path) -> dict[str, Any] | None:
-    """A finished cell's row (None: not finished), checked against what save() writes: the figures of NUMBERS, the
-    loss curve and the attention map, nothing else (a row never names its own group, variant or seed: the plan
-    does), each refusal naming the file and the field."""
+def finished(folder: Path, max_points: int | None = None) -> dict[str, Any] | None:
+    """A finished cell's row (None: not finished), checked against what save() writes: the figures of NUMBERS (the
+    counts of COUNTS whole), the loss curve (at most ``max_points`` evaluations: one a step) and the attention map
+    (weights in [0, 1]), nothing else (a row never names its own group, variant or seed: the plan does), each
+    refusal naming the file and the field. NaN is allowed where a diverged run writes it; negatives nowhere."""
     path = folder / RESULT_FILE
     if not path.exists():
         return None
@@ -95,28 +98,43 @@ def finished(folder: Path) -> dict[str, Any] | None:
     unknown = sorted(set(record.value) - set(NUMBERS) - {"curve", "attention"})
     if unknown:
         raise record.error(f"{shown(unknown[0])} is not a field an arena result holds")
-    row: dict[str, Any] = {k: _figure(record, k) for k in NUMBERS}
+    row: dict[str, Any] = {k: figure(record, k, whole=k in COUNTS) for k in NUMBERS}
     curve = record.list("curve", of=dict, nonempty=True)
-    row["curve"] = [{k: _figure(validate.Record(point, record.where, record.hint, f"curve[{i}]"), k)
+    if max_points is not None and len(curve) > max_points:
+        raise record.error(f"curve holds {len(curve):,} evaluations, more than the {max_points:,} steps of its run")
+    row["curve"] = [{k: figure(validate.Record(point, record.where, record.hint, f"curve[{i}]"), k,
+                                whole=k == "tokens", low=-math.inf if k == "seconds" else 0.0)
                      for k in ("tokens", "seconds", "train", "val")} for i, point in enumerate(curve)]
     attention = record.list("attention", of=list, nonempty=True)
     if len(attention) > MAP_SIDE:
         raise record.error(f"attention must be at most {MAP_SIDE} x {MAP_SIDE} (the arena draws {MAP_SIDE} tokens), "
                            f"got {len(attention)} rows")
     for i, line in enumerate(attention):
-        if len(line) != len(attention) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in line):
-            raise record.error(f"attention[{i}] must be {len(attention)} numbers (a square map), got {shown(line)}")
+        if len(line) != len(attention) or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                              or not (0 <= v <= 1 or math.isnan(v)) for v in line):
+            raise record.error(f"attention[{i}] must be {len(attention)} weights in [0, 1] (a square map), "
+                               f"got {shown(line)}")
     row["attention"] = attention
     return row
 
 
-def _figure(record: validate.Record, key: str) -> float:
-    """A figure of a result: an integer (64 bits) or a float, NaN allowed (a loss curve's missing point)."""
+def figure(record: validate.Record, key: str, whole: bool = False, low: float = 0.0) -> float:
+    """A figure of a result: a number >= low (or NaN: a diverged run's loss), an integer within 64 bits if whole."""
     value = record.value.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             (isinstance(value, int) and not validate.INT64[0] <= value <= validate.INT64[1]):
-        raise record.error(f"{record.name(key)} is missing or not a number, got {shown(value)}")
+        raise record.error(f"{record.name(key)} is missing or not a number, got {described(value)}")
+    if (whole and not isinstance(value, int)) or value < low:
+        raise record.error(f"{record.name(key)} must be {'an integer' if whole else 'a number'} >= {low:g}, "
+                           f"got {shown(value)}")
     return value
+
+
+def described(value: Any) -> str:
+    """A value as an error shows it; a huge integer lenient parsing kept as digits by its length, not as text."""
+    if isinstance(value, validate.Digits):
+        return f"an integer of {len(value.lstrip('-')):,} digits (more than 64 bits)"
+    return shown(value)
 
 
 def start(folder: Path, run: Any) -> None:

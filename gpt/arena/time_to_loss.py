@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,12 +24,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpt import validate
+from gpt.arena.runs import figure
 from gpt.errors import ConfigError, UserError, check_positive
 from gpt.files import atomic_write
 from gpt.train import recipe as training_recipes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_RUNS = 1000  # training runs (recipes x seeds) one benchmark may plan: each is a whole training process
+MAX_TIMEOUT_S = 10**7  # about 4 months: a wait beyond what a clock can count (1e300 s) raised OverflowError
 
 
 @dataclass
@@ -45,6 +48,9 @@ class TimeToLossConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "eval_interval", "timeout_s")
+        if self.timeout_s > MAX_TIMEOUT_S:
+            raise ConfigError(f"timeout_s must be at most {MAX_TIMEOUT_S:,} s (about 4 months), got {self.timeout_s:g}",
+                              hint="the default is 7200 (two hours a run)")
         if not self.recipes or not self.seeds:
             raise ConfigError("recipes and seeds must each name at least one", hint="e.g. recipes=[gpt2,modern]")
         for name in self.recipes:
@@ -54,6 +60,9 @@ class TimeToLossConfig:
             raise ConfigError(f"{len(self.recipes)} recipes x {len(self.seeds):,} seeds is {runs:,} training runs, "
                               f"more than the {MAX_RUNS:,} this benchmark may plan",
                               hint="3 to 10 seeds separate most differences")
+        if not all(0 <= seed < 2**31 for seed in self.seeds):
+            raise ConfigError(f"seeds must be in [0, 2**31), got {[s for s in self.seeds if not 0 <= s < 2**31][0]}",
+                              hint="e.g. seeds=[1337,1338,1339]")
         if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"a recipe or seed is named twice: recipes={self.recipes}, seeds={self.seeds}")
         if self.target is not None and not (math.isfinite(self.target) and self.target > 0):
@@ -83,20 +92,47 @@ def train_one(cfg: TimeToLossConfig, recipe: str, seed: int, log: Callable[[str]
                f"resume={'true' if folder.exists() else 'false'}"]
     log(f"{folder.name}: training ({' '.join(command[2:])})")
     started = time.time()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"{folder.name} still running after {cfg.timeout_s:g} s", hint="raise timeout_s") from None
-    if done.returncode != 0:
-        raise UserError(f"{folder.name} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}",
+    done, stopped_by = run_training(command, folder, cfg.timeout_s)
+    if done.returncode != 0 and not stopped_by:
+        said = [line[len("error: "):] for line in done.stderr.splitlines() if line.startswith("error: ")]
+        last = (said or done.stderr.strip().splitlines() or ["no output"])[-1]  # one line: its error, or its last
+        raise UserError(f"{folder.name} failed (exit {done.returncode}): {last[:400]}",
                         hint=f"run it alone to see why: {' '.join(command)}")
-    summary = read_summary(validate.Record(lenient_json(folder / "summary.json"), str(folder / "summary.json"),
-                                           hint=f"remove {folder} to run it again"))
-    result = {"recipe": recipe, "seed": seed, "launched": started, "summary": summary, "curve": val_curve(folder)}
+    record_of_run = validate.Record(lenient_json(folder / "summary.json"), str(folder / "summary.json"),
+                                    hint=f"remove {folder} to run it again") if done.returncode == 0 else None
+    if stopped_by or (record_of_run is not None and record_of_run.bool("interrupted", False)):
+        raise KeyboardInterrupt(f"interrupted ({stopped_by or 'a stop signal reached the training process'}): "
+                                f"{folder.name} stopped unfinished and keeps its last checkpoint, if it saved one; "
+                                f"the runs finished before are kept in {folder.parent}: run the same command again "
+                                "to resume")
+    launched, curve = val_curve(folder, started)
+    result = {"recipe": recipe, "seed": seed, "launched": launched, "summary": read_summary(record_of_run),
+              "curve": curve}
     text = json.dumps(result)
     atomic_write(record, lambda f: f.write(text.encode()), what="the time-to-loss record")
     return result
+
+
+def run_training(command: list[str], folder: Path, timeout_s: float) -> tuple[subprocess.CompletedProcess, str]:
+    """The training process run to its end, and the stop signal this one received meanwhile ("" if none).
+
+    Ctrl-C or SIGTERM here is passed on to the training process (a terminal's Ctrl-C reaches both: the trainer
+    counts a repeat within a second once), which saves its checkpoint and stops; this one waits for that rather
+    than killing it mid-save. A second one, later, makes the trainer quit at once, as in scripts/train.py."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, stopped_by = time.monotonic() + timeout_s, ""
+    while True:
+        try:
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            return subprocess.CompletedProcess(command, proc.returncode, out, err), stopped_by
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise UserError(f"{folder.name} still running after {timeout_s:g} s", hint="raise timeout_s") from None
+        except KeyboardInterrupt as stop:
+            stopped_by = stopped_by or ("SIGTERM" if str(stop) == "SIGTERM" else "Ctrl-C")
+            proc.send_signal(signal.SIGTERM if str(stop) == "SIGTERM" else signal.SIGINT)
 
 
 RECORD = "time_to_loss.json"
@@ -118,39 +154,58 @@ def read_record(path: Path, recipe: str, seed: int) -> dict[str, Any]:
     if record.str("recipe") != recipe or record.int("seed", low=validate.INT64[0]) != seed:
         raise record.error(f"it records recipe {validate.shown(record.value['recipe'])} seed "
                            f"{validate.shown(record.value['seed'])}, not this folder's {recipe} seed {seed}")
+    summary = read_summary(record.record("summary"))
+    points = record.list("curve", of=list)
+    if len(points) > summary["step"] + 1:
+        raise record.error(f"curve holds {len(points):,} evaluations, more than the {summary['step'] + 1:,} steps "
+                           "of its run")
     curve = []
-    for i, point in enumerate(record.list("curve", of=list)):
+    for i, point in enumerate(points):
         if len(point) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in point) \
-                or not isinstance(point[0], int) or not all(math.isfinite(v) or j == 2 for j, v in enumerate(point)):
-            raise record.error(f"curve[{i}] must be [step, seconds, loss], got {validate.shown(point)}")
+                or not isinstance(point[0], int) or not 0 <= point[0] <= validate.INT64[1] \
+                or not math.isfinite(point[1]) or not (point[2] >= 0 or math.isnan(point[2])):
+            raise record.error(f"curve[{i}] must be [step, seconds, loss] (a whole step and a loss >= 0), "
+                               f"got {validate.shown(point)}")
         curve.append(tuple(point))
-    return {"recipe": recipe, "seed": seed, "launched": record.number("launched"),
-            "summary": read_summary(record.record("summary")), "curve": curve}
+    return {"recipe": recipe, "seed": seed, "launched": record.number("launched"), "summary": summary,
+            "curve": curve}
 
 
 def read_summary(summary: validate.Record) -> dict[str, Any]:
-    """The figures of a run's summary.json this benchmark reports (the final loss and the rate may be NaN)."""
-    out = {}
-    for key in SUMMARY_FIGURES:
-        value = summary.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                (isinstance(value, int) and not validate.INT64[0] <= value <= validate.INT64[1]) or \
-                (key not in ("final_val_loss", "tokens_per_sec") and not math.isfinite(value)):
-            raise summary.error(f"{summary.name(key)} must be a number, got {validate.shown(value)}")
-        out[key] = value
+    """The figures of a run's summary.json this benchmark reports: counts whole, nothing negative, the final loss
+    and the rate may be NaN (a diverged run), the seconds finite."""
+    out = {key: figure(summary, key, whole=key in ("tokens", "step", "peak_memory_bytes")) for key in SUMMARY_FIGURES}
+    if not math.isfinite(out["wall_s"]):
+        raise summary.error(f"{summary.name('wall_s')} must be a finite number, got {out['wall_s']!r}")
     return out
 
 
-def val_curve(folder: Path) -> list[tuple[int, float, float]]:
-    """(step, wall time, val loss) at every evaluation, from the run's TensorBoard scalars."""
+def val_curve(folder: Path, started: float) -> tuple[float, list[tuple[int, float, float]]]:
+    """The run's launch time and its (step, wall time, val loss) at every evaluation, from its TensorBoard scalars.
+
+    ``started`` is when this process launched the training process. A run resumed after an interruption has
+    evaluations from before it: they are moved later by the time the run stood stopped, and its launch is put as
+    far before its first evaluation as the resumed process's first came after its start, so seconds to a loss count
+    training, not the pause (they came out negative)."""
     import logging
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0}, purge_orphaned_data=False)
     events.Reload()
-    return [(e.step, e.wall_time, e.value) for e in events.Scalars("val/loss")]
+    every = events.Scalars("val/loss")
+    first: dict[int, Any] = {}
+    for e in every:  # a step evaluated again after a resume: when it was first reached
+        first.setdefault(e.step, e)
+    earlier = [e.wall_time for e in every if e.wall_time < started]
+    if not earlier:
+        return started, [(step, e.wall_time, e.value) for step, e in sorted(first.items())]
+    pause = started - max(earlier)
+    startup = min((e.wall_time - started for e in every if e.wall_time >= started), default=0.0)
+    curve = [(step, e.wall_time + (pause if e.wall_time < started else 0.0), e.value)
+             for step, e in sorted(first.items())]
+    return min(earlier) + pause - startup, curve
 
 
 def reached(result: dict[str, Any], target: float) -> dict[str, float]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing as mp
+import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -109,15 +111,48 @@ def tensor_bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """Inside, Ctrl-C raises KeyboardInterrupt and SIGTERM KeyboardInterrupt("SIGTERM"), whatever handler was in
+    place (a SignalGuard that only notes the signal would let a case of hours run on after a Ctrl-C that came before
+    the trainer's own guard); a stop that handler noted already raises at once. The handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    inherited = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, sigterm)
+    try:
+        noted = getattr(getattr(inherited[signal.SIGINT], "__self__", None), "received", None)  # a SignalGuard's
+        if isinstance(noted, str):
+            raise KeyboardInterrupt("SIGTERM" if noted == "SIGTERM" else "")
+        yield
+    finally:
+        for sig, handler in inherited.items():
+            signal.signal(sig, handler)
+
+
+def interrupted(err: KeyboardInterrupt) -> dict:
+    """The result of a case a stop signal ended (Ctrl-C reaches the whole process group: the parent says it)."""
+    return {"error": f"interrupted ({str(err) or 'Ctrl-C'})", "stop": True}
+
+
 def _child(conn: Connection, fn: Callable[..., dict], kwargs: dict) -> None:
     try:
-        result = fn(**kwargs)
+        with stop_signals_raise():  # forked under the parent's handlers
+            result = fn(**kwargs)
     except torch.OutOfMemoryError as err:
         result = {"error": f"out of memory ({first_line(err)[:80]})", "stop": True}
-    except KeyboardInterrupt as err:  # Ctrl-C reaches the whole process group: the parent says it, once
-        result = {"error": f"interrupted ({str(err) or 'Ctrl-C'})", "stop": True}
+    except KeyboardInterrupt as err:
+        result = interrupted(err)
     except Exception as err:  # noqa: BLE001  (a case that fails is a result, not a crash)
         result = {"error": first_line(err), "traceback": traceback.format_exc()}
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the result is sent whole: a second Ctrl-C is the parent's to say
+        signal.signal(sig, signal.SIG_IGN)
     conn.send(result)
     conn.close()
 
@@ -182,3 +217,13 @@ def run_here(fn: Callable[..., dict], kwargs: dict) -> dict:
         return {"error": f"out of memory ({first_line(err)[:80]})", "stop": True}
     except Exception as err:  # noqa: BLE001
         return {"error": first_line(err)}
+
+
+def run_here_stoppable(fn: Callable[..., dict], kwargs: dict) -> dict:
+    """run_here, with Ctrl-C and SIGTERM ending the case as its result, as they do a case in its own process, even
+    under a handler that only notes them (the arena's guard, around a cell trained on its one GPU)."""
+    try:
+        with stop_signals_raise():
+            return run_here(fn, kwargs)
+    except KeyboardInterrupt as err:
+        return interrupted(err)

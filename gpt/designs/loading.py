@@ -37,12 +37,10 @@ def load(source: str) -> list[str]:
     except BaseException as err:
         for name in set(registry.available()) - before:  # a file that failed half-way registers nothing
             registry.unregister(name)
-        if isinstance(err, UserError) or not isinstance(err, Exception):
-            raise
-        frames = traceback.extract_tb(err.__traceback__)
-        where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith("<")), "")
-        raise UserError(f"designs: importing {source} failed: {type(err).__name__}: {err}"
-                        + (f" (at {where})" if where else ""), hint="fix that error in the design's module") from None
+        if isinstance(err, UserError) or not isinstance(err, (Exception, SystemExit)):
+            raise  # Ctrl-C stays an interrupt (exit 130)
+        raise UserError(f"designs: importing {source} failed: {_failure(err, key)}",
+                        hint="fix that error in the design's module") from None
     names = [name for name in registry.available() if name not in before]
     if not names:
         raise UserError(f"designs: {source} registered no attention design",
@@ -50,6 +48,25 @@ def load(source: str) -> list[str]:
     _loaded[key] = names
     _remember(key)
     return names
+
+
+def _failure(err: BaseException, key: str) -> str:
+    """What went wrong importing a design, and where: a syntax error at its own line, an exception at the deepest
+    line of the user's file or package (``key``; else of any real file), a sys.exit() as the exit it asked for (a
+    design module must not end the command: it would stop silently, or with exit 0 as if it had worked)."""
+    if isinstance(err, SystemExit):
+        said = "" if err.code is None else f"({err.code!r})"
+        what = f"it called sys.exit{said or '()'}"
+    else:
+        what = f"{type(err).__name__}: {err.msg if isinstance(err, SyntaxError) else err}"
+    if isinstance(err, SyntaxError) and err.filename:
+        return f"{what} (at {err.filename}:{err.lineno})"
+    frames = [f for f in reversed(traceback.extract_tb(err.__traceback__))
+              if not f.filename.startswith("<") and f.filename != __file__]
+    mine = Path(key).is_absolute()
+    theirs = [f for f in frames if mine and (f.filename == key or f.filename.startswith(key + os.sep))]
+    where = next((f"{f.filename}:{f.lineno}" for f in [*theirs, *frames]), "")
+    return what + (f" (at {where})" if where else "")
 
 
 def load_all(sources: list[str]) -> list[str]:

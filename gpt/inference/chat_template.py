@@ -29,6 +29,7 @@ END_OF_TURN = "<|im_end|>"  # ChatML's end of a message: a chat reply stops ther
 WORKER = Path(__file__).with_name("template_worker.py")
 MAX_RENDERERS = 8  # renderings at once, each in its own process: a runaway one holds only its own
 WAIT_SECONDS = RENDER_SECONDS + 1.0  # a request finding every renderer busy waits this long for one, then gets a 503
+CROWDED_SECONDS = 0.5  # with every renderer busy and a request waiting, the oldest rendering past this is stopped
 
 
 class ChatTemplateError(Exception):
@@ -36,32 +37,45 @@ class ChatTemplateError(Exception):
 
 
 class RenderersBusy(ChatTemplateError):
-    """Every renderer was busy for WAIT_SECONDS (several runaway templates at once), or none could be started:
-    a 503, retry shortly."""
+    """Every renderer was busy for WAIT_SECONDS, or none could be started: a 503, retry shortly."""
+
+
+class RendererClosed(ChatTemplateError):
+    """The renderer was closed (the server is shutting down) before or while this rendering ran: a 503."""
 
 
 class Renderer:
     """Processes that render templates, one rendering each at a time: a rendering takes an idle process (one is
     kept started in advance), and one that overruns kills only its own process, so the other requests are served
-    meanwhile. At most ``processes`` at once; a request that finds them all busy waits ``wait`` s, then is refused."""
+    meanwhile. At most ``processes`` at once; a request that finds them all busy stops the oldest rendering that
+    has run ``crowded`` s (a rendering takes milliseconds: that one is running away), or waits for one to end,
+    refused after ``wait`` s. So runaway templates, however many, hold a normal one about ``crowded`` s."""
 
     def __init__(self, seconds: float = RENDER_SECONDS, memory: int = RENDER_MEMORY, processes: int = MAX_RENDERERS,
-                 wait: float = WAIT_SECONDS) -> None:
+                 wait: float = WAIT_SECONDS, crowded: float = CROWDED_SECONDS) -> None:
         self.seconds, self.memory, self.processes, self.wait = seconds, memory, processes, wait
+        self.crowded = min(crowded, seconds)
         self._idle: list[subprocess.Popen] = []
+        self._busy: dict[subprocess.Popen, float] = {}  # rendering processes: when their rendering began
+        self._stopped: set[subprocess.Popen] = set()  # busy ones stopped early for a waiting request
         self._live = 0  # processes started or starting, idle or busy
         self._closed = False
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # re-entrant: close() may run in a signal handler
 
     def ask(self, request: dict[str, Any]) -> str:
         """Send one request and return the text of the answer (ChatTemplateError with the worker's message)."""
         process = self._take()
-        line = ""
+        line, crowded = "", False
         try:
             line = self._exchange(process, request)
         finally:
-            self._give_back(process, healthy=bool(line))
+            crowded = self._give_back(process, healthy=bool(line))
         if not line:
+            if self._closed:
+                raise RendererClosed("the server is shutting down")
+            if crowded:
+                raise ChatTemplateError(f"the chat template ran longer than {self.crowded:g} s while other "
+                                        "requests waited for a renderer, and was stopped")
             raise ChatTemplateError(f"the chat template ran longer than {self.seconds:g} s or exhausted its "
                                     "renderer's memory, and was stopped")
         answer = json.loads(line)
@@ -70,8 +84,10 @@ class Renderer:
         return answer["text"]
 
     def _exchange(self, process: subprocess.Popen, request: dict[str, Any]) -> str:
-        """The worker's answer line, or "" when it overran its time or died."""
+        """The worker's answer line, or "" when it overran its time, was stopped or died."""
         assert process.stdin is not None and process.stdout is not None
+        with self._cond:
+            self._busy[process] = time.monotonic()
         try:
             process.stdin.write(json.dumps(request) + "\n")
             process.stdin.flush()
@@ -82,16 +98,17 @@ class Renderer:
 
     def _take(self) -> subprocess.Popen:
         """An idle process, a new one if none is idle and fewer than ``processes`` live, else the first to be
-        given back within ``wait`` s (RenderersBusy if none is)."""
+        given back within ``wait`` s (RenderersBusy if none is); while waiting, the oldest rendering past
+        ``crowded`` s is stopped."""
         deadline = time.monotonic() + self.wait
         with self._cond:
-            if self._closed:
-                raise ChatTemplateError("the server is shutting down")
-            while not self._idle and self._live >= self.processes:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while not self._idle and self._live >= self.processes and not self._closed:
+                now = time.monotonic()
+                if now >= deadline:
                     raise RenderersBusy(f"all {self.processes} chat template renderers are busy; retry shortly")
-                self._cond.wait(left)
+                self._cond.wait(min(deadline, self._stop_oldest(now)) - now)
+            if self._closed:
+                raise RendererClosed("the server is shutting down")
             if self._idle:
                 process = self._idle.pop()
                 spare = not self._idle and self._live < self.processes
@@ -102,6 +119,18 @@ class Renderer:
         if spare:  # the next request finds one started (a start takes about 0.4 s)
             threading.Thread(target=self._start_spare, daemon=True).start()
         return process if process is not None else self._start_counted()
+
+    def _stop_oldest(self, now: float) -> float:
+        """Kill the longest rendering if it has run ``crowded`` s (called holding the lock); when to look again."""
+        candidates = [(began, id(p), p) for p, began in self._busy.items() if p not in self._stopped]
+        if not candidates:
+            return now + 0.05
+        began, _, oldest = min(candidates)
+        if now - began < self.crowded:
+            return began + self.crowded
+        self._stopped.add(oldest)
+        oldest.kill()  # its select() sees the end of its output at once; its thread gives it back
+        return now + 0.05
 
     def _start_counted(self) -> subprocess.Popen:
         """A new process for a place already counted in _live (given back if it fails to start)."""
@@ -120,23 +149,31 @@ class Renderer:
             return
         self._give_back(process, healthy=True)
 
-    def _give_back(self, process: subprocess.Popen, healthy: bool) -> None:
-        """An idle process again, or (overran, died, or the renderer closed) killed and its place freed."""
+    def _give_back(self, process: subprocess.Popen, healthy: bool) -> bool:
+        """An idle process again, or (overran, died, stopped, or the renderer closed) killed and its place freed.
+        Whether it was stopped early for a waiting request."""
         with self._cond:
-            keep = healthy and not self._closed and process.poll() is None
+            self._busy.pop(process, None)
+            stopped = process in self._stopped
+            self._stopped.discard(process)
+            keep = healthy and not stopped and not self._closed and process.poll() is None
             if keep:
                 self._idle.append(process)
             else:
                 self._live -= 1
-            self._cond.notify()
+            self._cond.notify_all()
         if not keep:
             kill(process)
+        return stopped
 
     def close(self) -> None:
-        """Kill the idle processes; busy ones are killed when their rendering ends."""
+        """Kill the idle processes and stop the renderings in progress (each request is told the renderer closed);
+        safe in a signal handler, as the lock is re-entrant."""
         with self._cond:
             self._closed, idle, self._idle = True, self._idle, []
             self._live -= len(idle)
+            for process in self._busy:
+                process.kill()  # its own thread reaps it (under the lock: not before this kill)
             self._cond.notify_all()
         for process in idle:
             kill(process)

@@ -9,6 +9,7 @@ Tensor names and metadata follow llama.cpp's convert_hf_to_gguf.py: weights in n
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,6 +37,7 @@ def gguf_module():
         import gguf
     except ImportError:
         raise UserError("format=gguf needs the gguf package", hint="pip install gguf") from None
+    logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)  # its note names the temporary file, not out
     return gguf
 
 

@@ -10,6 +10,7 @@ cache slots back before the next step. /metrics answers in Prometheus' text form
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -27,13 +28,41 @@ from starlette.requests import ClientDisconnect
 
 from gpt.inference.chat_template import Renderer
 from gpt.serve import attention, metrics, protocol
-from gpt.serve.engine import Output, QueueFull, Sequence
+from gpt.serve.engine import SHUTTING_DOWN, Output, QueueFull, Sequence
 from gpt.serve.models import Served, chat_prompt, completion_prompts, samplings
-from gpt.serve.protocol import APIError
+from gpt.serve.protocol import APIError, shutting_down
 
 log = logging.getLogger("gpt.serve")
 STATIC = Path(__file__).with_name("static")
 THREADS = 64  # the request threads (asyncio.to_thread), beyond the default min(32, CPUs + 4)
+
+
+class Shutdown:
+    """The server being told to stop (Ctrl-C, SIGTERM): :meth:`begin` ends every sequence being decoded (open streams
+    end with an error chunk), stops the chat template renderings in progress and refuses request bodies still
+    arriving, each a 503, so every request is answered at once instead of cancelled after the grace period."""
+
+    def __init__(self, models: dict[str, Served], renderer: Renderer | None) -> None:
+        self.models, self.renderer = models, renderer
+        self.started = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, known once a request waits
+        self._event = asyncio.Event()
+
+    def begin(self) -> None:
+        """Safe in a signal handler and from any thread."""
+        self.started = True
+        for served in self.models.values():
+            served.engine.halt()
+        if self.renderer is not None:
+            self.renderer.close()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self) -> None:
+        """Returns once :meth:`begin` has run."""
+        self._loop = asyncio.get_running_loop()
+        if not self.started:
+            await self._event.wait()
 
 
 class Job:
@@ -59,6 +88,8 @@ class Job:
         try:
             served.engine.submit(self.sequences)
         except QueueFull as err:
+            if str(err) == SHUTTING_DOWN:
+                raise shutting_down() from None
             seconds = served.engine.retry_after()
             raise APIError(503, f"the server is busy: {err}; retry in {seconds} s", code="server_busy",
                            kind="server_error", headers={"Retry-After": str(seconds)}) from None
@@ -91,7 +122,24 @@ class Job:
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The request's JSON body, refused past ``limit`` bytes (413) or when it is not JSON (400)."""
+    """The request's JSON body, refused past ``limit`` bytes (413) or when it is not JSON (400); a body still
+    arriving when the server is told to stop is a 503 (one log line), not a request cancelled at the deadline."""
+    reading = asyncio.ensure_future(read_body(request, limit))
+    stopping = asyncio.ensure_future(request.app.state.shutdown.wait())
+    try:
+        await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not reading.done():
+            reading.cancel()
+    if not reading.done() or reading.cancelled():
+        log.warning("%s %s: the server was told to stop while the request body arrived; answered 503",
+                    request.method, request.url.path)
+        raise shutting_down()
+    return parse_body(reading.result())
+
+
+async def read_body(request: Request, limit: int) -> bytearray:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise APIError(413, f"the request body has {declared[:24]} bytes; this server takes at most {limit:,} "
@@ -107,6 +155,10 @@ async def read_json(request: Request, limit: int) -> Any:
         log.warning("%s %s: the request body broke off after %d of %s bytes (the client closed the connection); "
                     "nothing was done", request.method, request.url.path, len(body), declared or "?")
         raise APIError(400, "the request body broke off", code="incomplete_body") from None
+    return body
+
+
+def parse_body(body: bytearray) -> Any:
     try:
         return json.loads(body, parse_constant=not_json, parse_float=finite, parse_int=integer)
     except OutOfRange as err:
@@ -168,6 +220,7 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
 
     app = FastAPI(title="gpt-attention", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.models = models
+    app.state.shutdown = Shutdown(models, renderer)
     add_error_handlers(app)
 
     @app.middleware("http")
@@ -182,13 +235,44 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
 
     def served(name: Any) -> Served:
         if name not in models:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {', '.join(models)}", "model",
-                           "model_not_found")
+            raise APIError(404, f"the model {name!r:.200} does not exist; this server serves {', '.join(models)}",
+                           "model", "model_not_found")
         return models[name]
 
     add_api_routes(app, models, served, max_body_bytes)
     add_page_routes(app, models, served, max_body_bytes)
+    app.add_middleware(QuietAtShutdown)
     return app
+
+
+class QuietAtShutdown:
+    """The last resort of a stop: a request still running when the server cancels it (past the 5 s grace period)
+    is one log line and, if nothing was sent yet, a 503, instead of a CancelledError traceback."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if not scope["app"].state.shutdown.started:
+                raise
+            log.warning("%s %s: cancelled as the server stopped", scope["method"], scope["path"])
+            if not started:
+                error = shutting_down()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(JSONResponse(error.body(), status_code=error.status)(scope, receive, send),
+                                           timeout=1)
 
 
 def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_bytes: int) -> None:
@@ -274,6 +358,8 @@ def event_stream(chunks: AsyncIterator[dict]) -> StreamingResponse:
 
 
 def failed(output: Output) -> APIError:
+    if output.error == SHUTTING_DOWN:
+        return shutting_down()
     return APIError(500, output.error or "decoding failed", kind="server_error")
 
 

@@ -33,6 +33,7 @@ from gpt.tokenizers.tokenizer import Tokenizer
 
 log = logging.getLogger("gpt.serve")
 RATE_SECONDS = 10.0  # the window /metrics' tokens per second is measured over
+SHUTTING_DOWN = "the server is shutting down"  # why sequences still decoding end when the server stops
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class Engine:
         """Queue the sequences of one request, all or none (QueueFull when they do not fit)."""
         with self._cond:
             if self._stopping:
-                raise QueueFull("the server is shutting down")
+                raise QueueFull(SHUTTING_DOWN)
             if len(self._waiting) + len(sequences) > self.max_queue:
                 self.refused += len(sequences)
                 raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.max_queue})")
@@ -236,7 +237,7 @@ class Engine:
                 log.exception("decoding step failed")
                 self._fail([*self.pool.rows, *joined], f"decoding failed: {type(err).__name__}: {err}")
         with self._cond:
-            self._fail([*self.pool.rows, *self._waiting], "the server is shutting down")
+            self._fail([*self.pool.rows, *self._waiting], SHUTTING_DOWN)
             self._waiting.clear()
 
     def _admit(self) -> list[Sequence]:

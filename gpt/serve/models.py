@@ -8,13 +8,13 @@ import time
 from dataclasses import dataclass, fields
 
 from gpt.errors import UserError
-from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer, RenderersBusy
+from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer, RendererClosed, RenderersBusy
 from gpt.inference.decoding import check_sampling, prompt_ids
 from gpt.model import GPT
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
 from gpt.serve.engine import Engine, Sampling
-from gpt.serve.protocol import SEED_RANGE, APIError, ChatRequest, CompletionRequest
+from gpt.serve.protocol import SEED_RANGE, APIError, ChatRequest, CompletionRequest, shutting_down
 from gpt.tokenizers import tokenizer as tok
 from gpt.weights import load as loader
 
@@ -138,6 +138,8 @@ def chat_prompt(served: Served, request: ChatRequest) -> list[int]:
         ids = served.chat.encode(text)
     except RenderersBusy as err:
         raise APIError(503, f"the server is busy: {err}", code="server_busy", kind="server_error") from None
+    except RendererClosed:
+        raise shutting_down() from None
     except (ChatTemplateError, UserError) as err:
         raise APIError(400, str(err), "messages") from None
     if not ids:

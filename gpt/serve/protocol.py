@@ -36,6 +36,11 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def shutting_down() -> APIError:
+    """What a request still being read, rendered or decoded when the server is told to stop gets."""
+    return APIError(503, "the server is shutting down", code="server_shutting_down", kind="server_error")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

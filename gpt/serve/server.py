@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import UserError
 from gpt.inference.chat_template import Renderer
-from gpt.serve.app import create_app
+from gpt.serve.app import Shutdown, create_app
 from gpt.serve.config import ServeConfig
 from gpt.serve.models import Served, load, model_name
+from gpt.serve.panic_notes import dropping_panic_notes
 
 API_KEY_VARIABLE = "GPT_SERVE_API_KEY"
 
@@ -82,23 +83,26 @@ def run(cfg: ServeConfig) -> None:
     app = create_app(models, key, cfg.max_body_bytes, renderer)
     config = uvicorn.Config(app, log_level="info", access_log=cfg.log_requests, timeout_graceful_shutdown=5)
     try:
-        stopping_server(config, models).run(sockets=[sock])
+        with dropping_panic_notes():  # a prompt the tokenizer gives up on: its 400's log line, not Rust's note too
+            stopping_server(config, app.state.shutdown).run(sockets=[sock])
     except KeyboardInterrupt as err:  # uvicorn shut down cleanly, then re-raised the signal it caught: exit 130
         how = "SIGTERM" if str(err) == "SIGTERM" else "Ctrl-C"
         said = f"stopped ({how}); the streams still open ended with an error chunk saying so"
         raise KeyboardInterrupt(said) from None
 
 
-def stopping_server(config, models: dict[str, Served]):
-    """uvicorn's server, which on Ctrl-C or SIGTERM first ends every sequence being decoded: open streams end at
-    once with an error chunk ("the server is shutting down") instead of being cancelled after the grace period."""
+def stopping_server(config, shutdown: Shutdown):
+    """uvicorn's server, which on Ctrl-C or SIGTERM first answers every request in flight (gpt.serve.app.Shutdown):
+    open streams end at once with an error chunk ("the server is shutting down"), renderings and bodies still
+    arriving get a 503, instead of being cancelled after the grace period."""
     import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:  # a second Ctrl-C: the stop is under way and bounded (a forced one would cancel
+                return  # the application's own shutdown, a traceback)
             super().handle_exit(sig, frame)
-            for served in models.values():
-                served.engine.halt()
+            shutdown.begin()
 
     return Server(config)
 

@@ -77,6 +77,11 @@ def checked_state(path: Path, model_config: GPTConfig, tokenizer: dict[str, Any]
         raise UserError(f"cannot {verb} {path} with train.optimizer={now.get('train.optimizer')}: it was trained "
                         f"with train.optimizer={optimizer} (the optimizer's state would not fit)",
                         hint=f"add train.optimizer={optimizer} (or the run's recipe=), or start a new run")
+    alpha = before.get("chat.lora_alpha")
+    if "adapter" in state and alpha is not None and alpha != now.get("chat.lora_alpha"):
+        raise UserError(f"cannot {verb} {path} with chat.lora_alpha={now.get('chat.lora_alpha')}: its adapters were "
+                        f"trained with chat.lora_alpha={alpha} (they would compute another model)",
+                        hint=f"add chat.lora_alpha={alpha}, or start a new run")
     if "sharded" in state:
         del state["model"]  # its shapes are checked; every rank reads its own part of the tensors
     changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))

@@ -56,6 +56,39 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"][0])
 
 
+def check_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                          source: Any) -> None:
+    """Refuse an optimizer state this run's optimizer cannot take (other groups, a moment of another shape than its
+    parameter: a tampered file, or adapters of another rank), naming the parameter; torch would fail at the first
+    step with a RuntimeError. A state keyed by name (written under FSDP) is checked where its names are this model's."""
+    hint = "the checkpoint is damaged or is not this run's; resume from a good copy or start a new run"
+    groups, entries = state.get("param_groups"), state.get("state")
+    if not isinstance(groups, list) or not isinstance(entries, dict) or \
+            not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        raise UserError(f"{source}: its optimizer entry is damaged (no param_groups or state of the right types)",
+                        hint=hint)
+    names = {id(p): n for n, p in model.named_parameters()}
+    if any(isinstance(key, str) for key in entries):
+        params = dict(model.named_parameters())
+    else:
+        sizes, ours = [len(g["params"]) for g in groups], [len(g["params"]) for g in optimizer.param_groups]
+        if sizes != ours:
+            raise UserError(f"{source}: its optimizer holds parameter groups of {sizes} parameters, this run's "
+                            f"optimizer {ours}", hint=hint)
+        params = {saved: p for g, now in zip(groups, optimizer.param_groups) for saved, p in zip(g["params"],
+                                                                                                 now["params"])}
+    for key, moments in entries.items():
+        param = params.get(key)
+        if param is None or not isinstance(moments, dict):
+            if isinstance(key, str):
+                continue  # not this model's name (a wrapper's prefix): torch's own loading decides
+            raise UserError(f"{source}: its optimizer state entry {key!r} is no parameter of this run", hint=hint)
+        for field, value in moments.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise UserError(f"{source}: its optimizer's {field} of {names.get(id(param), key)} has shape "
+                                f"{list(value.shape)}, the parameter {list(param.shape)}", hint=hint)
+
+
 class TrainState:
     """Model, optimizer, scaler, counters and data position of a run, as one thing to save and restore."""
 
@@ -95,16 +128,18 @@ class TrainState:
         """Continue from a checkpoint written by :class:`Checkpointer` (possibly by another number of ranks);
         ``source`` names it in errors."""
         if ("adapter" in payload) != lora.has_adapters(self.model):
-            trained = "with" if "adapter" in payload else "without"
-            raise UserError(f"the checkpoint was trained {trained} LoRA adapters, this run is not",
+            trained, this_run = ("with", "has none") if "adapter" in payload else ("without", "adds them")
+            raise UserError(f"{source}: the checkpoint was trained {trained} LoRA adapters, this run {this_run}",
                             hint="resume with the run's chat.lora_rank, or start a new run from it with init_from")
         if "sharded" in payload:  # a sharded checkpoint's step folder: every rank reads its part
             parallelize.load_sharded(self.model, self.optimizer, payload["sharded"],
                                      payload["optimizer"]["param_groups"])
         elif lora.has_adapters(self.model):  # the base weights are init_from's, loaded already
             lora.load_adapter_state(self.model, payload.get("adapter"), str(source))
+            check_optimizer_state(self.model, self.optimizer, payload["optimizer"], source)
             parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
         else:
+            check_optimizer_state(self.model, self.optimizer, payload["optimizer"], source)
             parallelize.load_model_state(self.model, payload["model"])
             parallelize.load_optimizer_state(self.model, self.optimizer, payload["optimizer"])
         if payload["scaler"]:

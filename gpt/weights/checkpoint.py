@@ -182,6 +182,9 @@ def load(path: str | Path) -> dict[str, Any]:
             payload = sharded.load_full(path)
     else:
         payload = load_archive(path)
+    if isinstance(payload, dict) and "adapter" in payload and "model" not in payload:  # adapter.pt
+        raise UserError(f"{path} holds a LoRA run's adapters alone, not a model",
+                        hint=f"point at the run folder {path.parent} (its ckpt.pt and best.pt hold the merged weights)")
     if not isinstance(payload, dict) or "model" not in payload or "model_config" not in payload:
         raise UserError(f"{path} is not a checkpoint written by this framework (no model or model_config)")
     return payload

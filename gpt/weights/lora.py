@@ -98,7 +98,8 @@ def load_adapter_state(model: nn.Module, state: Any, source: str = "the checkpoi
 
 def check_adapter_state(model: nn.Module, state: Any, params: dict[str, Tensor], source: str) -> None:
     """Refuse adapter entries this model cannot take: not a mapping, another set of names, an entry that is not a
-    floating-point tensor, or one of another shape (another chat.lora_rank, another model), naming the entry."""
+    dense floating-point tensor, one of another shape (another chat.lora_rank, another model) or one holding NaN or
+    infinite values, naming the entry."""
     hint = "resume with the chat.lora_* settings the run was trained with (its config.yaml), or start a new run"
     if not isinstance(state, dict):
         raise UserError(f"{source}: its adapter entry is a {type(state).__name__}, not a mapping of tensors",
@@ -119,9 +120,15 @@ def check_adapter_state(model: nn.Module, state: Any, params: dict[str, Tensor],
             kind = f"a {tensor.dtype} tensor" if isinstance(tensor, Tensor) else f"a {type(tensor).__name__}"
             raise UserError(f"{source}: adapter entry {name} is {kind}, not a floating-point tensor",
                             hint="the file is damaged or was not written by this framework")
+        if tensor.layout != torch.strided or tensor.is_meta:  # a sparse or data-less tensor copies into nothing
+            raise UserError(f"{source}: adapter entry {name} is a {'meta' if tensor.is_meta else tensor.layout} "
+                            "tensor, not a dense one", hint="the file is damaged or was not written by this framework")
         if tuple(tensor.shape) != shape:
             raise UserError(f"{source}: adapter entry {name} has shape {list(tensor.shape)}, this run's adapters "
                             f"(chat.lora_rank={'/'.join(map(str, sorted(ranks)))}) need {list(shape)}", hint=hint)
+        if not torch.isfinite(tensor).all():  # training would stop at its first step, blaming the loss
+            raise UserError(f"{source}: adapter entry {name} holds NaN or infinite values",
+                            hint="resume from a good copy of the checkpoint, or start a new run")
 
 
 def merged_state(model: nn.Module) -> dict[str, Tensor]:

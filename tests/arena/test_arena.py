@@ -333,7 +333,9 @@ def test_an_interrupted_arena_resumes_where_it_stopped_and_gives_the_same_table(
     stdout, stderr = proc.communicate(timeout=120)
     assert (out / "gpt2" / "seed1337" / arena_runs.RESULT_FILE).exists(), stderr[-3000:]
     assert not (second / arena_runs.RESULT_FILE).exists() and (second / "ckpt.pt").exists(), stdout[-3000:]
-    assert "run the same command again to resume" in stdout
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]  # exit 130, one line, as any script
+    assert proc.returncode == 130 and "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
+    assert "interrupted (Ctrl-C): 1 of 2 runs finished" in errors[0] and "run the same command again" in errors[0]
     resumed = run_script("arena", *args, f"out_dir={out}", timeout=300, env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "1 of 2 runs finished already" in resumed.stdout and "[gpt2 seed" not in resumed.stdout  # not redone

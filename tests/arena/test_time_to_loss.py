@@ -51,3 +51,20 @@ def test_the_script_trains_each_recipe_and_continues_an_interrupted_benchmark(tm
     assert all(int(r["final_step"]) == 30 and float(r["tokens_per_s"]) > 0 for r in table)
     assert "**Median over 1 seeds**" in (out / "time_to_loss.md").read_text()
     assert (out / "time_to_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_resumed_runs_seconds_to_the_target_count_training_not_the_pause(tmp_path):
+    """A run interrupted (Ctrl-C) and resumed: its evaluations from the first process came before this launch, and
+    seconds to the target were negative (-11 s measured). They count the training of both processes now."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gpt.arena.time_to_loss import val_curve
+
+    writer = SummaryWriter(str(tmp_path))  # launched at 998: evaluations at 0 and 10; relaunched at 1498: 10 again, 20
+    for step, wall, val in [(0, 1000.0, 3.0), (10, 1004.0, 2.5), (10, 1500.0, 2.5), (20, 1503.0, 2.0)]:
+        writer.add_scalar("val/loss", val, step, walltime=wall)
+    writer.close()
+    launched, curve = val_curve(tmp_path, started=1498.0)
+    result = {"launched": launched, "curve": curve, "summary": {"tokens": 2000, "step": 20}}
+    assert reached(result, 2.5) == {"steps": 10, "tokens": 1000, "seconds": 6.0}  # 2 s start-up + 4 s
+    assert reached(result, 2.0) == {"steps": 20, "tokens": 2000, "seconds": 11.0}  # + 2 s start-up again + 3 s

@@ -1,7 +1,8 @@
 """The server under hostile requests (issue 46, class 1), through one real scripts/serve.py process for the module:
-a runaway chat template holds only its own request; request fields of every endpoint are typed and ranged (a zero
-or odd completion limit, a model name that is a list); a prompt the tokenizer's split pattern gives up on; a body
-that breaks off; Ctrl-C with streams open. Each bad request gets a 4xx with OpenAI's error body, the log gets no
+a runaway chat template holds only its own request, and more runaways than renderers hold a normal chat under 2 s;
+request fields of every endpoint are typed and ranged (a zero or odd completion limit, a model name that is a list);
+a prompt the tokenizer's split pattern gives up on; a body that breaks off; Ctrl-C twice with streams, a body, a
+rendering and a completion in flight. Each bad request gets a 4xx with OpenAI's error body, the log gets no
 traceback, and the server answers a normal request afterwards."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from test_hostile_tokenizers import LINEAR, tokenizer_json  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from gpt import GPT, GPTConfig
-from gpt.inference.chat_template import RENDER_SECONDS  # noqa: E402
+from gpt.inference.chat_template import MAX_RENDERERS, RENDER_SECONDS  # noqa: E402
 from gpt.tokenizers.tokenizer import BPETokenizer, CharTokenizer  # noqa: E402
 from gpt.weights import checkpoint  # noqa: E402
 
@@ -150,6 +151,35 @@ def test_a_runaway_template_holds_only_its_own_request(server):
     still_serving(server, since)
 
 
+def test_more_runaway_templates_than_renderers_hold_a_normal_chat_under_two_seconds(server):
+    """More runaway chats than there are renderers: a normal chat sent meanwhile stops the oldest runaway past
+    0.5 s instead of waiting for one to end (8 runaways held it 2.2 s, and a request finding them all busy for 3 s
+    got a 503). Each normal chat is answered within 2 s; every runaway gets its 400, none a 503."""
+    answers: dict[str, tuple] = {}
+    since = len(server.lines)
+    assert chat(server, "hello")[0] == 200
+
+    def send(name: str) -> None:
+        answers[name] = chat(server, SPIN)
+
+    spinning = [threading.Thread(target=send, args=(f"spin{i}",)) for i in range(MAX_RENDERERS + 2)]
+    for thread in spinning:
+        thread.start()
+    time.sleep(0.5)  # every renderer busy with a runaway, two more runaways waiting
+    waited = []
+    for _ in range(3):
+        sent = time.monotonic()
+        code, body = chat(server, "hello")
+        waited.append(time.monotonic() - sent)
+        assert code == 200 and body["choices"][0]["message"]["role"] == "assistant", body
+    for thread in spinning:
+        thread.join(timeout=60)
+    assert max(waited) < 2, waited
+    for code, body in answers.values():
+        refused((code, body), 400, "the chat template ran longer than")
+    still_serving(server, since)
+
+
 BAD = [  # (endpoint, body (model: the chat model unless given), status, what the message says)
     ("completions", {"prompt": "a", "max_tokens": 0}, 400, f"max_tokens is 0; this server allows 1 to {MAX_TOKENS}"),
     ("completions", {"prompt": "a", "max_tokens": -5}, 400, "max_tokens is -5"),
@@ -201,10 +231,22 @@ def test_request_fields_are_typed_and_ranged(server, endpoint, body, status, sai
     assert "Traceback" not in server.log(since) and "unexpected error" not in server.log(since), server.log(since)
 
 
+def settled(server: Server) -> int:
+    """The number of lines the server has printed, once none has come for 0.3 s (the reader thread appends the
+    earlier requests' access-log lines a little after they are written, later on a loaded machine)."""
+    count = -1
+    while count != len(server.lines):
+        count = len(server.lines)
+        time.sleep(0.3)
+    return count
+
+
 def test_a_prompt_the_split_pattern_gives_up_on_is_a_400(server):
-    model, since = server.models["bpe"], len(server.lines)
+    model, since = server.models["bpe"], settled(server)
     refused(post(server.url + "/v1/completions", {"model": model, "prompt": "a" * 20_000 + "!", "max_tokens": 2}),
             400, "the tokenizers library gave up encoding a text")
+    new = server.lines[since:settled(server)]  # its access-log line, not the library's panic note besides
+    assert len(new) == 1 and '"POST /v1/completions HTTP/1.1" 400' in new[0], new
     # longer than 2048 tokens of at most 13 bytes (<|endoftext|>'s text) can hold: refused before encoding
     refused(post(server.url + "/v1/completions", {"model": model, "prompt": "a" * 30_000, "max_tokens": 2}),
             400, "the prompt has 30,000 characters, more than that many tokens can hold")
@@ -215,7 +257,7 @@ def test_a_prompt_the_split_pattern_gives_up_on_is_a_400(server):
 
 def test_a_body_that_breaks_off_is_one_log_line(server):
     host, port = server.url.removeprefix("http://").split(":")
-    before = len(server.lines)
+    before = settled(server)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 1000\r\n\r\n{\"model\": ")  # 10 of the 1000 bytes it announced
@@ -239,22 +281,52 @@ def open_stream(server: Server) -> socket.socket:
     return sock
 
 
-def test_ctrl_c_with_streams_open_ends_them_and_exits_130(server):
-    """The last test of the module: it stops the server."""
+def received(sock: socket.socket) -> bytes:
+    """What the server sent on ``sock`` until it closed the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
+def test_ctrl_c_with_requests_in_flight_answers_them_and_exits_130(server):
+    """The last test of the module: it stops the server, with two streams open, a body still arriving, a runaway
+    template rendering and a completion decoding; Ctrl-C twice. Each request is answered at once (the streams with
+    an error chunk, the others a 503), and no task is left for the grace period to cancel (a body still arriving
+    was a CancelledError traceback after 5 s; a second Ctrl-C cancelled the application's shutdown, another)."""
     since = len(server.lines)
-    streams = [open_stream(server) for _ in range(2)]
+    host, port = server.url.removeprefix("http://").split(":")
+    arriving = socket.create_connection((host, int(port)), timeout=30)
+    arriving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    answers: dict[str, tuple] = {}
+    inflight = [threading.Thread(target=lambda: answers.__setitem__("spin", chat(server, SPIN))),
+                threading.Thread(target=lambda: answers.__setitem__("long", post(
+                    server.url + "/v1/completions", {"model": server.models["chat"], "prompt": "a", "n": 16,
+                                                     "max_tokens": MAX_TOKENS})))]
+    for thread in inflight:
+        thread.start()
+    time.sleep(0.3)  # the runaway rendering, the body read waiting for the rest
+    streams = [open_stream(server) for _ in range(2)]  # 64 tokens each: still decoding at the signal
     sent = time.monotonic()
+    server.process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
     server.process.send_signal(signal.SIGINT)
     assert server.process.wait(timeout=60) == 130
     assert time.monotonic() - sent < 4  # not the 5 s grace period, then cancelled tasks
     server.reader.join(timeout=10)
     for sock in streams:  # each stream ended with an error chunk saying why, then [DONE]
-        received = b""
-        while chunk := sock.recv(65536):
-            received += chunk
-        assert b"the server is shutting down" in received and b"data: [DONE]" in received, received[-300:]
-        sock.close()
+        data = received(sock)
+        assert b"the server is shutting down" in data and b"data: [DONE]" in data, data[-300:]
+    assert received(arriving).startswith(b"HTTP/1.1 503")
+    for thread in inflight:
+        thread.join(timeout=10)
+    refused(answers["spin"], 503, "the server is shutting down")
+    code, body = answers["long"]  # finished before the signal, or cut short: never a 500
+    assert code == 200 or (code == 503 and body["error"]["message"] == "the server is shutting down"), body
     log = server.log(since)
-    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert "Traceback" not in log and "CancelledError" not in log and "Cancel " not in log, log
+    assert "the server was told to stop while the request body arrived; answered 503" in log, log
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert errors == ["error: stopped (Ctrl-C); the streams still open ended with an error chunk saying so"], log

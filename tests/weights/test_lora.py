@@ -67,6 +67,6 @@ def test_a_lora_chat_run_trains_only_adapters_and_resumes_bit_for_bit(tmp_path):
     adapter = torch.load(straight / "adapter.pt", weights_only=True)
     assert adapter["tokenizer"]["chat_template"] and set(adapter["adapter"]) == set(a["adapter"])
     assert (straight / "adapter.pt").stat().st_size < (straight / "ckpt.pt").stat().st_size / 3
-    with pytest.raises(UserError, match="trained with LoRA adapters, this run is not"):
+    with pytest.raises(UserError, match="trained with LoRA adapters, this run has none"):
         sft(tmp_path, "halves", "train.max_iters=6", "resume=true", "train.eval_interval=2")
 
