@@ -23,7 +23,7 @@ from gpt.model.kv_cache import KVCache  # noqa: E402
 CONTEXT = 4096
 SHAPE = dict(n_layer=12, n_head=12, n_embd=768, block_size=CONTEXT, vocab_size=50257)
 KINDS = {"S": {"window": 512, "designs": ["rope"]}, "L": {"designs": ["rope"], "options": {"rope": {"base": 1000000}}}}
-CONFIGS = {"uniform global (RoPE)": dict(pos_embedding="rope"),
+CONFIGS = {"uniform global (RoPE)": dict(designs=["rope"]),
            "5:1 SSSSSL, window 512": dict(layers="SSSSSL", layer_kinds=KINDS)}
 
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from gpt.errors import ConfigError
+from gpt.model.renamed import command_line_error as old_design_field
 from gpt.validate import INT64
 
 DESIGNS = "designs"  # every script's key (gpt.model.config.ScriptConfig) for the designs a user brings
@@ -75,6 +76,8 @@ def refuse_huge_integers(cfg: DictConfig) -> None:
 def composition_error(err: BaseException) -> ConfigError | None:
     """A Hydra or OmegaConf error met while composing a command's config, as one line naming the key (None when
     ``err`` is not one): an unknown group option or key, a value of the wrong type, an override Hydra cannot parse."""
+    if isinstance(err, ConfigError):  # the command line's own check (renamed: an old design field)
+        return err
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
         group, _, name = err.missing_cfg_file.rpartition("/")
@@ -141,9 +144,16 @@ def schema(name: str) -> type:
 
 
 def renamed(overrides: list[str]) -> list[str]:
-    """Overrides with their keys' earlier spellings (RENAMED) replaced, so command lines from before still run."""
+    """Overrides with their keys' earlier spellings (RENAMED) replaced, so command lines from before still run; a
+    design's setting (``model.design_options.rope.base=5e5``) set or added alike (``++``: the mapping holds only
+    the designs given). An old design field (``model.qk_norm=true``) is a ConfigError giving its new spelling."""
     def rename(override: str) -> str:
+        problem = old_design_field(override)
+        if problem is not None:
+            raise problem
         key, sep, value = override.partition("=")
+        if sep and key.startswith("model.design_options."):
+            return "++" + override
         return RENAMED.get(key, key) + sep + value if sep else override
 
     return [rename(override) for override in overrides]

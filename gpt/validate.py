@@ -132,7 +132,7 @@ def replace_surrogates(text: str) -> tuple[str, bool]:
 
 def parse_yaml_value(text: str, where: str) -> Any:
     """A value typed on the command line in YAML (``true``, ``16``, ``1e-3``, ``null``, ``elu1``, ``[a, b]``,
-    ``{k: 1}``): a scalar, or a flat list or mapping of scalars (model.designs, model.design_options)."""
+    ``{k: 1}``): a scalar, or a flat list or mapping of scalars (model.designs, model.design_options.<design>)."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:

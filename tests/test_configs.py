@@ -141,9 +141,9 @@ def test_gpt2_family_has_published_sizes(name, params):
 
 def test_attention_backend_and_architecture_options_reach_the_model_config():
     cfg = compose_train("attention=sdpa", "attention.backend=math", "model.n_kv_head=1", "model.window=8",
-                        "model.pos_embedding=rope", "out_dir=x")
+                        "model.designs=[rope]", "out_dir=x")
     mcfg = typed(cfg).model.build(100)
-    assert (mcfg.attention_backend, mcfg.n_kv_head, mcfg.window, mcfg.pos_embedding) == ("math", 1, 8, "rope")
+    assert (mcfg.attention_backend, mcfg.n_kv_head, mcfg.window, mcfg.designs) == ("math", 1, 8, ["rope"])
     assert typed(compose_train("out_dir=x")).model.build(100).attention_backend is None
     from gpt.errors import ConfigError
 

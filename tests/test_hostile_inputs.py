@@ -297,7 +297,9 @@ CASES = {
     "the arena: a variant value that is not YAML": (
         "arena", lambda r, t: ["arena.variants=['model.n_layer=[1']"], "'[1' is not a valid value"),
     "the arena: a variant value of the wrong type": (
-        "arena", lambda r, t: ["arena.variants=['model.qk_norm=maybe']"], "model.qk_norm must be true or false"),
+        "arena", lambda r, t: ["arena.variants=['model.tie_head=maybe']"], "model.tie_head must be true or false"),
+    "the arena: a design's old flat field": (
+        "arena", lambda r, t: ["arena.variants=['model.qk_norm=true']"], "model.qk_norm is no longer a setting"),
     "generate: an override Hydra cannot parse": (GENERATE, lambda r, t: [f"ckpt={r / 'run'}", "top_k=[1"],
                                                  "cannot read the override 'top_k=[1'"),
     "eval: an unknown data option": ("eval", lambda r, t: [f"ckpt={r / 'run'}", "data=nope"], "unknown data=nope"),

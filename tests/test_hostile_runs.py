@@ -764,7 +764,7 @@ def test_a_remote_code_export_declares_its_context_and_generates_past_it(tmp_pat
     from gpt.tokenizers.tokenizer import CharTokenizer
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=12, qk_norm=True)).eval()
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=12, designs=["qk_norm"])).eval()
     assert hf_targets.choose(model.config) == "remote" and "wpe" in model.transformer  # learned positions
     out = formats.export(model.state_dict(), model.config, CharTokenizer(list("abcdefghijkl")).to_meta(),
                             tmp_path / "exp")
@@ -809,7 +809,7 @@ def test_scripts_given_an_export_whose_python_files_are_hostile_never_run_them(t
     from gpt.tokenizers.tokenizer import CharTokenizer
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, qk_norm=True))
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, designs=["qk_norm"]))
     out = formats.export(model.state_dict(), model.config, CharTokenizer(list("abcdefg\n")).to_meta(),
                          tmp_path / "exp")
     marker = tmp_path / "ran"

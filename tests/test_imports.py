@@ -373,7 +373,7 @@ from gpt.designs import Design, reference, register
 from gpt.model import GPT as ModelGPT, MLP, Block, CausalSelfAttention, Context, GPTConfig as ModelConfig
 assert attention.register is kernels.register and gpt.attention.masks is gpt.kernels.masks
 assert (ModelGPT, ModelConfig) == (GPT, GPTConfig)
-config = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, pos_embedding="rope", qk_norm=True)
+config = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, designs=["rope", "qk_norm"])
 assert [d.name for d in gpt.designs.active(config)] == ["qk_norm", "rope"]  # registered with no import of gpt.designs
 """
 

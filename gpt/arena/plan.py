@@ -22,6 +22,7 @@ from gpt.errors import ConfigError, UserError
 from gpt.model import design as designs
 from gpt.model import flops
 from gpt.model.config import GPTConfig, ModelConfig
+from gpt.model.renamed import command_line_error as old_design_field
 from gpt.train import recipe
 from gpt.train.config import RunConfig, TrainConfig
 from gpt.validate import dataclass_values, parse_yaml_value
@@ -117,25 +118,22 @@ def typed_value(cls: type, name: str, value: Any, spec: str, setting: str, prefi
 
 
 def parse_variant(spec: str, setting: str = "arena.variants") -> dict[str, Any]:
-    """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+`` (the designs a
-    user brought, named by several parts, add up)."""
+    """The GPTConfig overrides a variant names: presets and ``model.<field>=<value>`` joined by ``+`` (the designs
+    named by several parts add up: ``rope+model.designs=[my_design]``)."""
     known, table = model_fields(), presets()
     overrides: dict[str, Any] = {}
     for part in str(spec).split("+"):
         part = part.strip()
         if "=" in part:
-            key, value = part.split("=", 1)
-            name = key.strip().removeprefix("model.")
-            if name not in known:
-                raise ConfigError(f"{setting}: {key!r} in {spec!r} is not a model field",
-                                  hint=f"model fields: {', '.join(known)}")
-            overrides[name] = typed_value(GPTConfig, name, parse_value(key, value, spec, setting), spec, setting,
-                                          "model.")
+            add_override(overrides, part, spec, setting, known)
         elif part in table and setting == "arena.variants":
             named = overrides.get("designs", []) + table[part].get("designs", [])
+            options = {**overrides.get("design_options", {}), **table[part].get("design_options", {})}
             overrides.update(table[part])
             if named:
                 overrides["designs"] = named
+            if options:
+                overrides["design_options"] = options
         elif setting == "arena.variants":
             raise ConfigError(f"arena.variants: unknown preset {part!r} in {spec!r}",
                               hint=f"presets: {', '.join(table)}; or model.<field>=<value>, joined by +")
@@ -143,6 +141,30 @@ def parse_variant(spec: str, setting: str = "arena.variants") -> dict[str, Any]:
             raise ConfigError(f"{setting}: {part!r} in {spec!r} is not <field>=<value>",
                               hint=f"e.g. {setting}=['model.n_layer=2+model.n_embd=64']")
     return overrides
+
+
+def add_override(overrides: dict[str, Any], part: str, spec: str, setting: str, known: list[str]) -> None:
+    """One ``model.<field>=<value>`` of a variant into ``overrides``: model.designs adds to the designs named before,
+    ``model.design_options.<design>.<key>=<value>`` sets one setting of a design; an old design field is refused
+    with its new spelling (gpt.model.renamed)."""
+    key, value = part.split("=", 1)
+    name = key.strip().removeprefix("model.")
+    problem = old_design_field("model." + part.strip().removeprefix("model."))
+    if problem is not None:
+        raise ConfigError(f"{setting}: {problem} (in {spec!r})", hint=problem.hint)
+    design, _, option = name.removeprefix("design_options.").partition(".")
+    if name.startswith("design_options.") and design and option and "." not in option:
+        settings = overrides.setdefault("design_options", {}).setdefault(design, {})
+        settings[option] = parse_value(key, value, spec, setting)
+        return
+    if name not in known:
+        raise ConfigError(f"{setting}: {key!r} in {spec!r} is not a model field",
+                          hint=f"model fields: {', '.join(known)}; a design's setting: "
+                               "model.design_options.<design>.<key>=<value>")
+    parsed = typed_value(GPTConfig, name, parse_value(key, value, spec, setting), spec, setting, "model.")
+    if name == "designs" and isinstance(parsed, list):
+        parsed = overrides.get("designs", []) + parsed
+    overrides[name] = parsed
 
 
 def parse_overrides(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -155,7 +177,7 @@ def parse_overrides(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
             raise ConfigError(f"arena.overrides: {part.strip()!r} in {spec!r} is not model.<field>=<value> or "
                               "train.<field>=<value>", hint="e.g. arena.overrides=['train.learning_rate=1e-3']")
         if key.startswith("model."):
-            model.update(parse_variant(part.strip(), "arena.overrides"))
+            model = merged(model, parse_variant(part.strip(), "arena.overrides"))
         elif key.removeprefix("train.") not in known:
             raise ConfigError(f"arena.overrides: {key!r} in {spec!r} is not a training option",
                               hint=f"train fields: {', '.join(sorted(known))}")
@@ -189,7 +211,7 @@ def plan(cfg: Any, vocab_size: int | None = None) -> list[Cell]:
     for (size, size_fields), spec, recipe_name, extra in [
             (z, v, r, o) for z in sizes for v in arena.variants for r in arena.recipes or [None]
             for o in arena.overrides or [None]]:
-        model, train = cell_model(cfg, {**base, **size_fields}, spec, recipe_name, extra)
+        model, train = cell_model(cfg, merged(base, size_fields), spec, recipe_name, extra)
         fpt = per_token(model, vocab, required=arena.flops is not None, spec=spec)
         train = cell_train(cfg, model, train, None if arena.flops is None else arena.flops * scale[size] / fpt)
         slice_ = "@".join(p for p in (recipe_name, extra and variant_name(extra), size) if p)
@@ -207,12 +229,12 @@ def cell_model(cfg: Any, base: dict[str, Any], spec: str, recipe_name: str | Non
     overrides = parse_variant(spec)
     if "attention" in overrides:
         overrides.setdefault("attention_backend", None)  # a backend belongs to the base kernel
-    model_fields_, train = {**base, **overrides}, cfg.train
+    model_fields_, train = merged(base, overrides), cfg.train
     if recipe_name is not None:  # the recipe's training and model options; the variant's design stays
         model_fields_, train = recipe.apply(recipe_name, model_fields_, train)
     if extra is not None:
         model_extra, train_extra = parse_overrides(extra)
-        model_fields_ = {**model_fields_, **model_extra}
+        model_fields_ = merged(model_fields_, model_extra)
         try:
             train = replace(train, **train_extra)
         except ConfigError as err:
@@ -221,6 +243,18 @@ def cell_model(cfg: Any, base: dict[str, Any], spec: str, recipe_name: str | Non
         return ModelConfig(**sized(model_fields_)), train
     except ConfigError as err:
         raise ConfigError(f"arena variant {spec!r}: {err}", hint=err.hint) from None
+
+
+def merged(fields_: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Model fields with ``more`` over them, the designs of both (a size's, a variant's, an override's add up) and
+    each design's settings merged."""
+    out = {**fields_, **more}
+    if "designs" in more:
+        out["designs"] = list(dict.fromkeys([*(fields_.get("designs") or []), *more["designs"]]))
+    if "design_options" in more:
+        before = fields_.get("design_options") or {}
+        out["design_options"] = {**before, **{d: {**before.get(d, {}), **o} for d, o in more["design_options"].items()}}
+    return out
 
 
 def per_token(model: ModelConfig, vocab: int, required: bool, spec: str) -> int | None:
@@ -239,7 +273,7 @@ def flops_scale(cfg: Any, base: dict[str, Any], sizes: list[tuple[str, dict]], v
     if cfg.arena.flops is None:
         return {name: 1.0 for name, _ in sizes}
     baseline = parse_variant(baseline_spec(cfg.arena))
-    counts = {name: flops.per_token(ModelConfig(**sized({**base, **fields_, **baseline})).build(vocab))
+    counts = {name: flops.per_token(ModelConfig(**sized(merged(merged(base, fields_), baseline))).build(vocab))
               for name, fields_ in sizes}
     first = counts[sizes[0][0]]
     return {name: count / first for name, count in counts.items()}

@@ -52,14 +52,15 @@ def tables(argv: list[str]) -> None:
 
 
 def designs_table() -> str:
-    """The attention designs (gpt.designs), from their registrations: the setting that turns each on, the kernels
-    that can compute it, what its KV cache keeps, the export formats that hold it."""
+    """The attention designs (gpt.designs), from their registrations: the setting that turns each on, its settings
+    and their defaults, the kernels that can compute it, what its KV cache keeps, the export formats that hold it."""
     rows = []
     for name in designs.available():
         design = designs.get(name)
         kernels = designs.kernels_for(design)
         preset = " ".join(f"model.{k}={spell(v)}" for k, v in design.on_preset().items())
-        rows.append({"design": name, "arena preset": preset,
+        settings = " ".join(f"{k}={spell(v)}" for k, v in design.options.items()) or "-"
+        rows.append({"design": name, "arena preset": preset, "settings (model.design_options.<design>)": settings,
                      "kernels": "its own" if not design.uses_kernel else
                      "any" if kernels == attention.available() else " ".join(kernels),
                      "cache": design.cache.__name__ if design.cache else "keys, values",

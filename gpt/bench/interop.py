@@ -26,7 +26,7 @@ COLUMNS = ("native", "transformers standard", "transformers remote code", "GGUF 
 
 def rows() -> dict[str, dict]:
     """GPT-2, RoPE + grouped-query + window, then every registered design by its arena preset."""
-    out = {"GPT-2 (no design)": {}, "rope + n_kv_head=2 + window=16": {"pos_embedding": "rope", "n_kv_head": 2,
+    out = {"GPT-2 (no design)": {}, "rope + n_kv_head=2 + window=16": {"designs": ["rope"], "n_kv_head": 2,
                                                                        "window": 16}}
     out.update({name: registry.get(name).on_preset() for name in registry.available()})
     return out

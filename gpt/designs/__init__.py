@@ -2,9 +2,10 @@
 ``get(name)``, ``available()``, ``active(config)``.
 
 Built in: qk_norm, rope, alibi, softcap, sink, diff, linear, mla, stream, gated, deltanet. Each is a ``Design``
-(gpt.model.design): its config fields and their checks, its parts or its own attention layer, its cache kind, memory
-terms, export support, arena preset and picture; its float64 reference builds on gpt.designs.reference. Each
-registers itself when imported here, and the package gpt imports this module first thing. Bring your own with
+(gpt.model.design): its name in model.designs, its options (model.design_options.<name>) and their checks, its parts
+or its own attention layer, its cache kind, memory terms, export support, arena preset and picture; its float64
+reference builds on gpt.designs.reference. Each registers itself when imported here, and the package gpt imports
+this module first thing. Bring your own with
 ``designs=[my_design.py]`` or GPT_DESIGNS (gpt.designs.loading); docs/designs.md walks through one.
 """
 

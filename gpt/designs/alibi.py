@@ -41,12 +41,11 @@ class Alibi(Design):
     modeling = modeling_file("alibi")
     about = "a linear distance penalty per head added to the scores, instead of the learned position table"
     paper = "Press, Smith and Lewis 2022, Train Short, Test Long"
-    switch, on = "pos_embedding", "alibi"
     positional = True
     kernel_options = ("bias",)
-    cases = {"alone": {"pos_embedding": "alibi"}, "window+mqa": {"pos_embedding": "alibi", "window": 5, "n_kv_head": 1},
-             "with every score part": {"pos_embedding": "alibi", "qk_norm": True, "attn_softcap": 3.0,
-                                       "attn_sink": True, "n_kv_head": 2}}
+    cases = {"alone": {"designs": ["alibi"]}, "window+mqa": {"designs": ["alibi"], "window": 5, "n_kv_head": 1},
+             "with every score part": {"designs": ["alibi", "qk_norm", "softcap", "sink"], "n_kv_head": 2,
+                                       "design_options": {"softcap": {"cap": 3.0}}}}
 
     def flops(self, config, seq, flops) -> int:
         """A bias added to the scores is elementwise: the layer's count unchanged."""

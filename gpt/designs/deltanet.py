@@ -9,12 +9,12 @@ head, edited by the gated delta rule (gpt/designs/delta_rule.py), instead of key
     y = c_proj(RMSNorm(o) * silu(c_gate(x)))                per-head RMSNorm with gains, then an output gate
 
 Choices, each Qwen3-Next's (and flash-linear-attention's GatedDeltaNet's): the short convolution (kernel
-model.design_options.delta_conv, 4) on q, k and v, so a decoder keeps its last K-1 inputs beside the state; the
+model.design_options.deltanet.conv, 4) on q, k and v, so a decoder keeps its last K-1 inputs beside the state; the
 output gate and per-head RMSNorm. Value heads are the model's n_head, key heads its n_kv_head (fewer: Qwen3-Next's
 grouping, the value heads of a group share a key head); both head_dim wide, so the output fills c_proj as attention's
-does. Training and prefill run the chunked form (chunks of model.design_options.delta_chunk tokens, fewer for a
+does. Training and prefill run the chunked form (chunks of model.design_options.deltanet.chunk tokens, fewer for a
 shorter sequence), decoding the recurrent step: its work per token is the state's size whatever the context. The
-model keeps its position table (pos_embedding=learned): the layer needs none, RoPE and ALiBi do not apply to it.
+model keeps its position table (learned positions): the layer needs none, RoPE and ALiBi do not apply to it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gpt.model import CausalSelfAttention
 from gpt.model.design import Design, modeling_file, register
 from gpt.model.flops import TRAIN, matmul
 
-OPTIONS = {"delta_chunk": 64, "delta_conv": 4}  # model.design_options: chunk length, convolution kernel size
+OPTIONS = {"chunk": 64, "conv": 4}  # model.design_options.deltanet: chunk length, convolution kernel size
 
 
 class DeltaState:
@@ -47,7 +47,7 @@ class DeltaState:
         least), the convolution's inputs in the model's."""
         d = config.head_dim
         state = config.n_head * d * d * max(number_bytes, 4)
-        conv = channels(config) * (config.design_options["delta_conv"] - 1) * number_bytes
+        conv = channels(config) * (config.design_options["deltanet"]["conv"] - 1) * number_bytes
         return (state + conv) / config.block_size
 
     def update(self, k: Tensor, v: Tensor, ctx) -> tuple[Tensor, Tensor]:
@@ -69,12 +69,12 @@ class DeltaNetAttention(CausalSelfAttention):
 
     def __init__(self, config, layer: int = 0) -> None:
         super().__init__(config, layer)
-        self.chunk = config.design_options["delta_chunk"]
+        self.chunk = config.design_options["deltanet"]["chunk"]
 
     def add_projections(self, config) -> None:
         C, H, D, width = config.n_embd, config.n_head, config.head_dim, channels(config)
         self.c_attn = nn.Linear(C, width, bias=config.bias)  # q, k, v
-        self.conv = nn.Conv1d(width, width, config.design_options["delta_conv"], groups=width, bias=False)
+        self.conv = nn.Conv1d(width, width, config.design_options["deltanet"]["conv"], groups=width, bias=False)
         self.c_gate = nn.Linear(C, C, bias=config.bias)  # z: the output gate, per value feature
         self.c_beta = nn.Linear(C, H, bias=config.bias)  # b: the write strength per value head
         self.c_decay = nn.Linear(C, H, bias=config.bias)  # a: the decay's input per value head
@@ -142,7 +142,8 @@ class DeltaNet(Design):
     uses_kernel = False
     view = "the weight the delta rule gives each earlier value (decayed, overwritten; may be negative)"
     conflicts = {name: why for names, why in (
-        (("rope", "alibi"), "Gated DeltaNet has no dot-product scores to give positions to; use pos_embedding=learned"),
+        (("rope", "alibi"), "Gated DeltaNet has no dot-product scores to give positions to; use the learned "
+                            "positions (neither rope nor alibi)"),
         (("qk_norm",), "Gated DeltaNet L2-normalises its queries and keys itself"),
         (("softcap", "sink", "diff"), "Gated DeltaNet forms no softmax scores"),
         (("gated",), "Gated DeltaNet has its own output gate"),
@@ -150,20 +151,17 @@ class DeltaNet(Design):
         for name in names}
     cases = {"alone": {"designs": ["deltanet"]},
              "gqa+chunk4+conv2": {"designs": ["deltanet"], "n_kv_head": 2,
-                                  "design_options": {"delta_chunk": 4, "delta_conv": 2}},
+                                  "design_options": {"deltanet": {"chunk": 4, "conv": 2}}},
              "mqa+no_bias+no_conv": {"designs": ["deltanet"], "n_kv_head": 1, "bias": False,
-                                     "design_options": {"delta_conv": 1}}}
+                                     "design_options": {"deltanet": {"conv": 1}}}}
 
     def check(self, config) -> None:
-        if not self.enabled(config):
-            return
-        options = {**OPTIONS, **config.design_options}
-        delta_rule.check_chunk(options["delta_chunk"], "model.design_options.delta_chunk")
-        conv = options["delta_conv"]
+        delta_rule.check_chunk(self.option(config, "chunk"), "model.design_options.deltanet.chunk")
+        conv = self.option(config, "conv")
         if isinstance(conv, bool) or not isinstance(conv, int) or not 1 <= conv <= 16:
-            raise ConfigError(f"model.design_options.delta_conv must be an integer from 1 to 16 (the short "
+            raise ConfigError(f"model.design_options.deltanet.conv must be an integer from 1 to 16 (the short "
                               f"convolution's kernel size; 1: none across tokens), got {conv!r}",
-                              hint="model.design_options.delta_conv=4 (Qwen3-Next's)")
+                              hint="model.design_options.deltanet.conv=4 (Qwen3-Next's)")
         if config.window is not None:
             raise ConfigError(f"model.designs=[deltanet] cannot be combined with model.window={config.window}: its "
                               "state holds every earlier token", hint="unset model.window")
@@ -176,7 +174,7 @@ class DeltaNet(Design):
         first chunk's state (zeros) needs no gradient (W S and q S: one product less each) and the last update
         none at all (the loss reads the outputs). The convolution, gates and norm are elementwise."""
         C, H, D = config.n_embd, config.n_head, config.head_dim
-        c = min(config.design_options["delta_chunk"], 1 << (seq - 1).bit_length())
+        c = min(config.design_options["deltanet"]["chunk"], 1 << (seq - 1).bit_length())
         n = -(-seq // c)
         projections = matmul(C, channels(config)) + 2 * matmul(C, H) + 2 * matmul(C, C)
         rule = n * (TRAIN * (3 * matmul(c * c, D) + 3 * matmul(c * D, D)) + matmul(c * c, 2 * D))
@@ -188,7 +186,7 @@ class DeltaNet(Design):
         convolution-wide tensors (its inputs, silu's input and output, the normalised q and k) and eight C-wide
         ones (the delta rule's v, writes, reads and outputs, the norm's and gate's); fitted to saved-tensor
         measurements in float32 (within 12% of this layer's bytes over ten shapes)."""
-        c = min(config.design_options["delta_chunk"], 1 << (seq - 1).bit_length())
+        c = min(config.design_options["deltanet"]["chunk"], 1 << (seq - 1).bit_length())
         tokens = batch * -(-seq // c) * c
         working = max(act, 4)
         return tokens * (working * 5 * c * config.n_head + act * 4 * channels(config) + working * 8 * config.n_embd)

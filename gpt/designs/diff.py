@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from gpt.designs import reference
 from gpt.errors import ConfigError
 from gpt.model import CausalSelfAttention
-from gpt.model.design import Design, check_bool, modeling_file, register
+from gpt.model.design import Design, modeling_file, register
 from gpt.model.flops import TRAIN, matmul
 
 
@@ -66,13 +66,12 @@ class Diff(Design):
     modeling = modeling_file("diff")
     about = "differential attention: two softmax maps from the halves of q and k, the second subtracted"
     paper = "Ye et al. 2024, Differential Transformer"
-    switch = "diff_attn"
     layer = DiffAttention
     view = "the differential map w1 - lambda w2 of each head (weights may be negative)"
-    cases = {"alone": {"diff_attn": True}, "gqa+window": {"diff_attn": True, "n_kv_head": 2, "window": 4},
-             "mqa+rope+qk_norm": {"diff_attn": True, "n_kv_head": 1, "pos_embedding": "rope", "qk_norm": True},
-             "alibi+softcap+sink": {"diff_attn": True, "pos_embedding": "alibi", "attn_softcap": 3.0,
-                                    "attn_sink": True}}
+    cases = {"alone": {"designs": ["diff"]}, "gqa+window": {"designs": ["diff"], "n_kv_head": 2, "window": 4},
+             "mqa+rope+qk_norm": {"designs": ["diff", "rope", "qk_norm"], "n_kv_head": 1},
+             "alibi+softcap+sink": {"designs": ["diff", "alibi", "softcap", "sink"],
+                                    "design_options": {"softcap": {"cap": 3.0}}}}
 
     def flops(self, config, seq, flops) -> int:
         """Two kernel calls: q k^T from the halves (together the width of one), weights @ v twice at full width,
@@ -80,15 +79,14 @@ class Diff(Design):
         return flops + TRAIN * config.n_head * matmul(seq, config.head_dim)
 
     def check(self, config) -> None:
-        check_bool(config, "diff_attn")
-        rope = config.pos_embedding == "rope"
+        rope = "rope" in config.designs
         need = 4 if rope else 2
-        if config.diff_attn and config.head_dim % need != 0:
+        if config.head_dim % need != 0:
             raise ConfigError(
-                f"model.diff_attn=true needs a head dimension (n_embd/n_head) divisible by {need}, got "
+                f"model.designs=[diff] needs a head dimension (n_embd/n_head) divisible by {need}, got "
                 f"{config.head_dim}: it splits each head's queries and keys in two halves"
-                + (", and pos_embedding=rope rotates each half" if rope else ""),
-                hint="change model.n_head or model.n_embd, or set model.diff_attn=false")
+                + (", and rope rotates each half" if rope else ""),
+                hint="change model.n_head or model.n_embd, or leave diff out of model.designs")
 
     def activations(self, config, batch, seq, act, fused) -> int:
         """A second kernel call; both halves' q and k, both outputs, their difference. SDPA's fused kernels refuse

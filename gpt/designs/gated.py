@@ -29,12 +29,13 @@ class Gated(Design):
     paper = "Qiu et al. 2025, Gated Attention for Large Language Models (arXiv:2505.06708), position G1"
     view = "the softmax weights of each head (the gate then scales each head's output, which they do not show)"
     cases = {"alone": {"designs": ["gated"]},
-             "gqa+rope+qk_norm (Qwen3-Next)": {"designs": ["gated"], "n_kv_head": 2, "pos_embedding": "rope",
-                                               "qk_norm": True, "bias": False},
-             "window+softcap+sink": {"designs": ["gated"], "window": 4, "attn_softcap": 3.0, "attn_sink": True},
-             "diff": {"designs": ["gated"], "diff_attn": True},
-             "mla": {"designs": ["gated"], "mla_latent": 12},
-             "linear": {"designs": ["gated"], "linear_attn": "elu1"}}
+             "gqa+rope+qk_norm (Qwen3-Next)": {"designs": ["gated", "rope", "qk_norm"], "n_kv_head": 2,
+                                               "bias": False},
+             "window+softcap+sink": {"designs": ["gated", "softcap", "sink"], "window": 4,
+                                     "design_options": {"softcap": {"cap": 3.0}}},
+             "diff": {"designs": ["gated", "diff"]},
+             "mla": {"designs": ["gated", "mla"], "design_options": {"mla": {"latent": 12}}},
+             "linear": {"designs": ["gated", "linear"]}}
 
     def build(self, layer, config) -> None:
         layer.c_gate = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # one gate per head feature

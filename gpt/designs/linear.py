@@ -96,7 +96,7 @@ class LinearAttention(CausalSelfAttention):
 
     def __init__(self, config, layer: int = 0) -> None:
         super().__init__(config, layer)
-        self.feature = config.linear_attn
+        self.feature = config.design_options["linear"]["feature"]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx) -> Tensor:
         """q (B, nh, T, hs); k, v (B, nkv, T, hs) of these tokens only (earlier ones are in the state)."""
@@ -115,20 +115,19 @@ class Linear(Design):
     modeling = modeling_file("linear")
     about = "causal linear attention: a feature map instead of the softmax, decoded from a running state"
     paper = "Katharopoulos et al. 2020, Transformers are RNNs"
-    switch = "linear_attn"
-    preset = {"linear_attn": "elu1"}
+    options = {"feature": "elu1"}  # the feature map phi (FEATURE_MAPS)
     layer = LinearAttention
     cache = LinearState
     uses_kernel = False
     view = "phi(q).phi(k) normalised over the earlier keys (the weights its running state sums)"
     conflicts = {
-        "rope": "rotations do not survive the feature map; use pos_embedding=learned",
-        "alibi": "a score bias does not survive the feature map; use pos_embedding=learned",
+        "rope": "rotations do not survive the feature map; use the learned positions (neither rope nor alibi)",
+        "alibi": "a score bias does not survive the feature map; use the learned positions (neither rope nor alibi)",
         "softcap": "linear attention forms no softmax scores", "sink": "linear attention forms no softmax scores",
         "diff": "differential attention subtracts two softmax maps",
     }
-    cases = {"alone": {"linear_attn": "elu1"}, "gqa+qk_norm": {"linear_attn": "elu1", "n_kv_head": 2, "qk_norm": True},
-             "mqa": {"linear_attn": "elu1", "n_kv_head": 1}}
+    cases = {"alone": {"designs": ["linear"]}, "gqa+qk_norm": {"designs": ["linear", "qk_norm"], "n_kv_head": 2},
+             "mqa": {"designs": ["linear"], "n_kv_head": 1}}
 
     def flops(self, config, seq, flops) -> int:
         """phi(Q) phi(K)^T and weights @ v over the chunk, as the core's products; plus the state phi(K)^T V after it,
@@ -136,13 +135,14 @@ class Linear(Design):
         return flops + matmul(config.head_dim, config.n_kv_head * config.head_dim)
 
     def check(self, config) -> None:
-        feature = config.linear_attn
-        if feature is not None and feature not in FEATURE_MAPS:
-            raise ConfigError(f"model.linear_attn must be one of {', '.join(FEATURE_MAPS)} or null, got {feature!r}",
-                              hint="model.linear_attn=elu1 (phi(x) = elu(x) + 1), or model.linear_attn=null (softmax)")
-        if feature is not None and config.window is not None:
-            raise ConfigError(f"model.linear_attn={feature} cannot be combined with model.window: its running state "
-                              "sums every earlier token", hint="unset model.window, or set model.linear_attn=null")
+        feature = self.option(config, "feature")
+        if feature not in FEATURE_MAPS:
+            raise ConfigError(f"model.design_options.linear.feature must be one of {', '.join(FEATURE_MAPS)}, got "
+                              f"{feature!r}", hint="model.design_options.linear.feature=elu1 (phi(x) = elu(x) + 1)")
+        if config.window is not None:
+            raise ConfigError("model.designs=[linear] cannot be combined with model.window: its running state "
+                              "sums every earlier token",
+                              hint="unset model.window, or leave linear out of model.designs")
 
     def activations(self, config, batch, seq, act, fused) -> int:
         """Its own (B, nh, T, T) weights instead of the kernel's maps; phi(q), phi(k), elu's outputs, the numerator."""

@@ -23,6 +23,11 @@ from gpt.model.flops import TRAIN, matmul
 from gpt.model.kv_cache import keep
 
 
+def latent_widths(config) -> tuple[int, int]:
+    """d_c and d_R: the latent's width and the decoupled rotary features' (model.design_options.mla)."""
+    return config.design_options["mla"]["latent"], config.design_options["mla"]["rope_dim"]
+
+
 class LatentKV:
     """One layer's MLA latents: c_kv (B, size, d_c) and the rotated shared key part k_rope (B, size, d_R)."""
 
@@ -33,7 +38,7 @@ class LatentKV:
 
     @classmethod
     def bytes_per_token(cls, config, number_bytes: int) -> float:
-        return (config.mla_latent + config.mla_rope_dim) * number_bytes
+        return (sum(latent_widths(config))) * number_bytes
 
     def update(self, c: Tensor, k_rope: Tensor, ctx) -> tuple[Tensor, Tensor]:
         """Store c (B, T, d_c) and k_rope (B, T, d_R) of these tokens; return what the T queries attend to."""
@@ -54,8 +59,8 @@ class LatentAttention(CausalSelfAttention):
         self.scale = 1.0 / math.sqrt(self.head_dim + self.rope_dim)  # the kernel's default too (q's width): the paper's
 
     def add_projections(self, config) -> None:
-        """DeepSeek-V2 eqs. 9-10, 14-18, with d_c = model.mla_latent and d_R = model.mla_rope_dim."""
-        C, heads, d_c, d_r = config.n_embd, config.n_head * config.head_dim, config.mla_latent, config.mla_rope_dim
+        """DeepSeek-V2 eqs. 9-10, 14-18, with d_c and d_R from model.design_options.mla (latent, rope_dim)."""
+        C, heads, d_c, d_r = config.n_embd, config.n_head * config.head_dim, *latent_widths(config)
         self.rope_dim = d_r
         self.query = nn.Linear(C, heads, bias=config.bias)  # W^Q: x -> q^C, head_dim per head
         self.q_rope = nn.Linear(C, config.n_head * d_r, bias=config.bias)  # W^QR: x -> q^R, d_R per head
@@ -90,63 +95,64 @@ class Latent(Design):
     modeling = modeling_file("mla")
     about = "multi-head latent attention: keys and values up-projected from a small cached latent"
     paper = "DeepSeek-AI 2024, DeepSeek-V2 (section 2.1)"
-    switch = "mla_latent"
-    fields = ("mla_rope_dim",)
+    # latent: d_c, the width the cache keeps per token (DeepSeek-V2: 4 x head_dim); rope_dim: d_R, the decoupled rotary
+    # features per query and key (None: head_dim / 2, kept even)
+    options = {"latent": 32, "rope_dim": None}
     layer = LatentAttention
     cache = LatentKV
-    preset = {"mla_latent": 32}  # the cache keeps a 32-wide latent (+ d_R) per token
     conflicts = {
-        "rope": "MLA applies RoPE itself, to its decoupled query and key features (model.mla_rope_dim)",
+        "rope": "MLA applies RoPE itself, to its decoupled query and key features (its rope_dim)",
         "alibi": "MLA encodes positions with its own decoupled rotary features",
         "qk_norm": "not implemented for keys up-projected from the latent",
         "diff": "differential attention splits the heads' queries and keys",
         "linear": "linear attention keeps a state, not a latent",
     }
-    cases = {"alone": {"mla_latent": 12}, "window+wide_rope": {"mla_latent": 12, "window": 4, "mla_rope_dim": 6},
-             "softcap+sink": {"mla_latent": 12, "attn_softcap": 3.0, "attn_sink": True},
-             "no_bias+wide_latent": {"mla_latent": 80, "bias": False, "mla_rope_dim": 2}}
+    cases = {"alone": {"designs": ["mla"], "design_options": {"mla": {"latent": 12}}},
+             "window+wide_rope": {"designs": ["mla"], "window": 4, "design_options": {"mla": {"latent": 12,
+                                                                                              "rope_dim": 6}}},
+             "softcap+sink": {"designs": ["mla", "softcap", "sink"],
+                              "design_options": {"mla": {"latent": 12}, "softcap": {"cap": 3.0}}},
+             "no_bias+wide_latent": {"designs": ["mla"], "bias": False,
+                                     "design_options": {"mla": {"latent": 80, "rope_dim": 2}}}}
 
     def flops(self, config, seq, flops) -> int:
         """Its own layer: q^C, q^R, the latent, k^C and v up from it, the shared k^R, c_proj; scores over q's width
         head_dim + d_R, values over head_dim (replaces the count before it)."""
-        C, H, D, d_c, d_r = config.n_embd, config.n_head, config.head_dim, config.mla_latent, config.mla_rope_dim
+        C, H, D, d_c, d_r = config.n_embd, config.n_head, config.head_dim, *latent_widths(config)
         projections = (matmul(C, H * D) + matmul(C, H * d_r) + matmul(C, d_c) + 2 * matmul(d_c, H * D)
                        + matmul(C, d_r) + matmul(C, C))
         return TRAIN * (projections + H * matmul(seq, D + d_r) + H * matmul(seq, D))
 
     def check(self, config) -> None:
         """Its widths (d_R defaults to the paper's head_dim / 2, kept even), and one key/value head per head."""
-        latent = config.mla_latent
-        if latent is None:
-            if config.mla_rope_dim is not None:
-                raise ConfigError(f"model.mla_rope_dim={config.mla_rope_dim} is set but model.mla_latent is not",
-                                  hint="set model.mla_latent (the latent width), or model.mla_rope_dim=null")
-            return
+        where, options = "model.design_options.mla", config.design_options["mla"]
+        latent = options["latent"]
         if isinstance(latent, bool) or not isinstance(latent, int) or latent <= 0:
-            raise ConfigError(f"model.mla_latent must be a positive integer or null, got {latent!r}",
-                              hint="DeepSeek-V2 uses 4 x head_dim; null turns multi-head latent attention off")
-        if config.mla_rope_dim is None:
-            config.mla_rope_dim = max(2, config.head_dim // 4 * 2)
-        rope = config.mla_rope_dim
+            raise ConfigError(f"{where}.latent must be a positive integer, got {latent!r}",
+                              hint="DeepSeek-V2 uses 4 x head_dim")
+        if options["rope_dim"] is None:
+            options["rope_dim"] = max(2, config.head_dim // 4 * 2)
+        rope = options["rope_dim"]
         if isinstance(rope, bool) or not isinstance(rope, int) or rope <= 0 or rope % 2 != 0:
-            raise ConfigError(f"model.mla_rope_dim must be a positive even integer, got {rope!r}",
+            raise ConfigError(f"{where}.rope_dim must be a positive even integer, got {rope!r}",
                               hint="RoPE rotates pairs of features; null picks head_dim/2")
         if config.n_kv_head != config.n_head:
-            raise ConfigError(f"model.mla_latent={latent} cannot be combined with model.n_kv_head={config.n_kv_head}: "
+            raise ConfigError(f"model.designs=[mla] cannot be combined with model.n_kv_head={config.n_kv_head}: "
                               "every head's keys and values come from the one shared latent",
-                              hint="unset model.n_kv_head, or set model.mla_latent=null")
+                              hint="unset model.n_kv_head, or leave mla out of model.designs")
 
     def activations(self, config, batch, seq, act, fused) -> int:
         """q, k of hs + d_R per head, the latent; no c_attn output, no log-sum-exp. SDPA's fused kernels refuse q and
         k wider than v on a CPU, so its math backend runs them, keeping float32 q, k, v and probabilities."""
-        n, c, h, d_r = batch * seq, config.n_embd, config.n_head, config.mla_rope_dim
+        n, c, h, d_r = batch * seq, config.n_embd, config.n_head, config.design_options["mla"]["rope_dim"]
         math_map = batch * h * seq * seq * 4
         upcast = n * (4 - act) * (3 * c + 2 * h * d_r) if fused else 0
-        return (math_map if fused else 0) + upcast + n * act * (config.mla_latent + 2 * h * d_r) - n * 4 * h
+        latent = config.design_options["mla"]["latent"]
+        return (math_map if fused else 0) + upcast + n * act * (latent + 2 * h * d_r) - n * 4 * h
 
     def reference(self, attn, x, config) -> Tensor:
         """DeepSeek-V2 eqs. 9-19 (no query compression) in float64, one query and one head at a time."""
-        H, D, R = config.n_head, config.head_dim, config.mla_rope_dim
+        H, D, R = config.n_head, config.head_dim, config.design_options["mla"]["rope_dim"]
         q_c = reference.project(attn.query, x).unflatten(-1, (H, D))  # (B, T, H, D)   q^C = W^Q h
         q_r = reference.project(attn.q_rope, x).unflatten(-1, (H, R))  # (B, T, H, R)  q^R = W^QR h
         latent = reference.project(attn.kv_down, x)  # (B, T, d_c)                       c^KV = W^DKV h
@@ -163,7 +169,7 @@ class Latent(Design):
 
     def ref_pattern(self, attn, x, config) -> Tensor:
         """Its softmax weights in float64 over the content and decoupled rotary scores: (B, H, T, T)."""
-        H, D, R = config.n_head, config.head_dim, config.mla_rope_dim
+        H, D, R = config.n_head, config.head_dim, config.design_options["mla"]["rope_dim"]
         q_c = reference.project(attn.query, x).unflatten(-1, (H, D))
         q_r = reference.project(attn.q_rope, x).unflatten(-1, (H, R))
         k_c = reference.project(attn.k_up, reference.project(attn.kv_down, x)).unflatten(-1, (H, D))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt.model.design import Design, check_bool, modeling_file, register
+from gpt.model.design import Design, modeling_file, register
 
 
 class QKNorm(Design):
@@ -14,15 +14,11 @@ class QKNorm(Design):
     modeling = modeling_file("qk_norm")
     about = "queries and keys RMS-normalised per head (learned gains) before the dot product"
     paper = "Henry et al. 2020, Query-Key Normalization for Transformers; Dehghani et al. 2023 (ViT-22B)"
-    switch = "qk_norm"
-    cases = {"alone": {"qk_norm": True}, "gqa+window": {"qk_norm": True, "n_kv_head": 2, "window": 5}}
+    cases = {"alone": {"designs": ["qk_norm"]}, "gqa+window": {"designs": ["qk_norm"], "n_kv_head": 2, "window": 5}}
 
     def flops(self, config, seq, flops) -> int:
         """RMS norms and gains are elementwise: no matrix product, the layer's count unchanged."""
         return flops
-
-    def check(self, config) -> None:
-        check_bool(config, "qk_norm")
 
     def build(self, layer, config) -> None:
         layer.q_norm = nn.RMSNorm(layer.qk_dim, eps=1e-6)  # (qk_dim,) gains, shared by the heads

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from gpt.designs import rope_scaling
 from gpt.errors import ConfigError
-from gpt.model.design import Design, layer_option, modeling_file, register
+from gpt.model.design import Design, modeling_file, register
 
 
 def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
@@ -71,45 +71,43 @@ class Rope(Design):
     modeling = modeling_file("rope")
     about = "rotary position embeddings on q and k instead of the learned position table"
     paper = "Su et al. 2021, RoFormer"
-    switch, on = "pos_embedding", "rope"
-    fields = ("rope_scaling",)  # linear | dynamic | yarn | llama3, in transformers' form (gpt/designs/rope_scaling.py)
     positional = True
-    layer_options = {"base": 10000.0}  # a layer kind's own base (Gemma 3: 10k on local layers, 1M on global ones)
-    cases = {"alone": {"pos_embedding": "rope"}, "gqa+window": {"pos_embedding": "rope", "n_kv_head": 2, "window": 5},
-             "mqa+qk_norm": {"pos_embedding": "rope", "n_kv_head": 1, "qk_norm": True},
-             "yarn": {"pos_embedding": "rope", "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                                "original_max_position_embeddings": 4}}}
+    # base: the angles' (a layer kind may have its own: Gemma 3's 10k on local layers, 1M on global ones); scaling:
+    # linear | dynamic | yarn | llama3, in transformers' rope_scaling form (gpt/designs/rope_scaling.py)
+    options = {"base": 10000.0, "scaling": None}
+    cases = {"alone": {"designs": ["rope"]}, "gqa+window": {"designs": ["rope"], "n_kv_head": 2, "window": 5},
+             "mqa+qk_norm": {"designs": ["rope", "qk_norm"], "n_kv_head": 1},
+             "yarn": {"designs": ["rope"], "design_options": {"rope": {"scaling": {
+                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}}}}}
 
     def flops(self, config, seq, flops) -> int:
         """Rotations are elementwise (the angles an outer product done once per forward, not per token): unchanged."""
         return flops
 
     def check(self, config) -> None:
-        if self.enabled(config) and config.head_dim % 2 != 0:
-            raise ConfigError(f"pos_embedding=rope needs an even head dimension, got n_embd/n_head = {config.head_dim}")
-        if config.rope_scaling is not None and not self.enabled(config):
-            raise ConfigError(f"model.rope_scaling is set but the model has no RoPE (model.pos_embedding="
-                              f"{config.pos_embedding})", hint="set model.pos_embedding=rope, or in a layout give "
-                              "the scaling to the kinds with rope: options: {rope: {rope_scaling: {...}}}")
-        config.rope_scaling = rope_scaling.check(config.rope_scaling, config.block_size)
-
-    def check_layer_options(self, values, where) -> None:
-        base = values["base"]
+        if config.head_dim % 2 != 0:
+            raise ConfigError(f"model.designs=[rope] needs an even head dimension, got n_embd/n_head = "
+                              f"{config.head_dim}")
+        where = "model.design_options.rope"
+        base = self.option(config, "base")
         if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
             raise ConfigError(f"{where}.base must be a number above 1, got {base!r}", hint=f"e.g. {where}.base=1000000")
+        options = config.design_options["rope"]
+        options["scaling"] = rope_scaling.check(options["scaling"], config.block_size, f"{where}.scaling")
 
     def no_cache(self, config) -> str | None:
         """Dynamic NTK's frequencies follow the sequence's length, so keys cached at a shorter length would be
         rotated by stale angles (transformers keeps them so; here cached decoding equals the full forward or is
         refused)."""
-        if config.rope_scaling is not None and config.rope_scaling["rope_type"] == "dynamic":
-            return ("model.rope_scaling's rope_type dynamic changes every position's angle as the sequence grows, "
-                    "so cached keys would go stale")
+        scaling = self.option(config, "scaling")
+        if scaling is not None and scaling["rope_type"] == "dynamic":
+            return ("model.design_options.rope.scaling's rope_type dynamic changes every position's angle as the "
+                    "sequence grows, so cached keys would go stale")
         return None
 
     def build(self, layer, config) -> None:
-        layer.rope_base = float(layer_option(config, self.name, "base"))
-        layer.rope_scaling = config.rope_scaling
+        layer.rope_base = float(self.option(config, "base"))
+        layer.rope_scaling = self.option(config, "scaling")
 
     def qk(self, layer, q, k, ctx):
         cos, sin = angles_for(ctx, layer.qk_dim, base=layer.rope_base, scaling=layer.rope_scaling)

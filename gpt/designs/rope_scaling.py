@@ -1,5 +1,6 @@
-"""RoPE scaling (``model.rope_scaling``): run a RoPE model past the context it was trained at by changing its
-frequencies, in transformers' form (its ``rope_parameters`` names and formulas, so an export carries it as is).
+"""RoPE scaling (``model.design_options.rope.scaling``): run a RoPE model past the context it was trained at by
+changing its frequencies, in transformers' form (its ``rope_parameters`` names and formulas, so an export carries it
+as is).
 
 linear: every frequency divided by ``factor`` (position interpolation, Chen et al. 2023). dynamic: NTK-aware, the
 base raised as the sequence grows past the original length (a forward's length is its largest position + 1).
@@ -27,14 +28,14 @@ PARAMS: dict[str, dict[str, Any]] = {  # each type's own parameters and their de
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
 MAX_FACTOR = 1024.0  # past this the low frequencies are below float32's resolution at any practical length
-EXAMPLE = "model.rope_scaling={rope_type: yarn, factor: 4, original_max_position_embeddings: 128}"
+EXAMPLE = "model.design_options.rope.scaling={rope_type: yarn, factor: 4, original_max_position_embeddings: 128}"
 
 
 def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def check(value: Any, block_size: int, where: str = "model.rope_scaling") -> dict[str, Any] | None:
+def check(value: Any, block_size: int, where: str = "model.design_options.rope.scaling") -> dict[str, Any] | None:
     """The scaling as the model reads it (defaults filled in; None for none), or a ConfigError naming the key."""
     if value is None:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt.model.design import Design, check_bool, modeling_file, register
+from gpt.model.design import Design, modeling_file, register
 
 
 class Sink(Design):
@@ -14,17 +14,13 @@ class Sink(Design):
     modeling = modeling_file("sink")
     about = "a learned sink logit per head joins every softmax (the weight may go nowhere)"
     paper = "Xiao et al. 2023 (attention sinks); OpenAI 2025, gpt-oss (a learned sink per head)"
-    switch = "attn_sink"
     kernel_options = ("sink",)
-    preset = {"attn_sink": True, "attention": "manual"}
-    cases = {"alone": {"attn_sink": True}}
+    preset = {"attention": "manual"}
+    cases = {"alone": {"designs": ["sink"]}}
 
     def flops(self, config, seq, flops) -> int:
         """One more logit per softmax row, which carries no value: no matrix product, the count unchanged."""
         return flops
-
-    def check(self, config) -> None:
-        check_bool(config, "attn_sink")
 
     def build(self, layer, config) -> None:
         layer.sink = nn.Parameter(torch.zeros(config.n_head))  # (nh,) logits

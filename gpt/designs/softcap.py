@@ -15,23 +15,23 @@ class SoftCap(Design):
     modeling = modeling_file("softcap")
     about = "soft-capped attention scores: cap * tanh(scores / cap)"
     paper = "Gemma Team 2024, Gemma 2 (logit soft-capping)"
-    switch = "attn_softcap"
+    options = {"cap": 15.0}  # scores bounded in (-cap, cap) (Gemma 2's attention: 50.0)
     kernel_options = ("softcap",)
-    preset = {"attn_softcap": 15.0, "attention": "manual"}  # a kernel that forms the scores
-    cases = {"alone": {"attn_softcap": 2.0}}  # small, so the cap bends the scores
+    preset = {"attention": "manual"}  # a kernel that forms the scores
+    cases = {"alone": {"designs": ["softcap"], "design_options": {"softcap": {"cap": 2.0}}}}  # small: the cap bends
 
     def flops(self, config, seq, flops) -> int:
         """c tanh(s / c) is elementwise: the layer's count unchanged."""
         return flops
 
     def check(self, config) -> None:
-        cap = config.attn_softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
-            raise ConfigError(f"model.attn_softcap must be a positive number or null, got {cap!r}",
-                              hint="Gemma 2 uses 50.0; null turns the cap off")
+        cap = self.option(config, "cap")
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
+            raise ConfigError(f"model.design_options.softcap.cap must be a positive number, got {cap!r}",
+                              hint="Gemma 2 uses 50.0; leave softcap out of model.designs for no cap")
 
     def build(self, layer, config) -> None:
-        layer.softcap = config.attn_softcap
+        layer.softcap = self.option(config, "cap")
 
     def scores(self, layer, ctx):
         return {"softcap": layer.softcap}

@@ -28,7 +28,8 @@ class SinkKV(LayerKV):
 
     def __init__(self, config, cache) -> None:
         super().__init__(config, cache)
-        self.sinks = config.sink_tokens if cache.window is not None else 0  # no ring: every key is kept anyway
+        sinks = config.design_options["stream"]["sinks"]
+        self.sinks = sinks if cache.window is not None else 0  # no ring: every key is kept anyway
         self.tokens = self.size + self.sinks
         self.sink_k: Tensor | None = None
         self.sink_v: Tensor | None = None
@@ -61,30 +62,32 @@ class SinkKV(LayerKV):
 class Stream(Design):
     name = "stream"
     modeling = modeling_file("stream")
-    about = "with a sliding window, every query also sees the first model.sink_tokens tokens (StreamingLLM)"
+    about = "with a sliding window, every query also sees the first few tokens (StreamingLLM)"
     paper = "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks"
-    switch = "sink_tokens"
+    options = {"sinks": 4}  # the first tokens every query sees beside its window
     runtime = True
     cache = SinkKV
-    preset = {"window": 16, "sink_tokens": 4}
+    preset = {"window": 16}
     conflicts = {"alibi": "the sink tokens' distances would grow without bound", "mla": "its cache keeps latents"}
-    cases = {"alone": {"window": 5, "sink_tokens": 2}, "gqa+rope": {"window": 4, "sink_tokens": 1, "n_kv_head": 2,
-                                                                    "pos_embedding": "rope"}}
+    cases = {"alone": {"window": 5, "designs": ["stream"], "design_options": {"stream": {"sinks": 2}}},
+             "gqa+rope": {"window": 4, "designs": ["stream", "rope"], "design_options": {"stream": {"sinks": 1}},
+                          "n_kv_head": 2}}
 
     def flops(self, config, seq, flops) -> int:
         """A mask (the window plus the first tokens): attention is counted dense anyway, the count unchanged."""
         return flops
 
     def check(self, config) -> None:
-        n = config.sink_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"model.sink_tokens must be a non-negative integer, got {n!r}")
-        if n and config.window is None:
-            raise ConfigError(f"model.sink_tokens={n} needs a sliding window (model.window): without one every "
-                              "earlier token is attended to already", hint="add model.window=<tokens>")
+        n = self.option(config, "sinks")
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ConfigError(f"model.design_options.stream.sinks must be a positive integer, got {n!r}",
+                              hint="e.g. 4; leave stream out of model.designs for none")
+        if config.window is None:
+            raise ConfigError(f"model.designs=[stream] (sinks={n}) needs a sliding window (model.window): without "
+                              "one every earlier token is attended to already", hint="add model.window=<tokens>")
 
     def context(self, ctx, config) -> None:
-        n = config.sink_tokens
+        n = self.option(config, "sinks")
         if ctx.start is None:  # a fixed-shape step: the sinks the ring no longer holds, before its slots (SinkKV)
             if ctx.cache.window is not None:
                 gone = torch.arange(n, device=ctx.index.device) < ctx.index + 1 - ctx.cache.size  # (sinks,)
@@ -94,13 +97,13 @@ class Stream(Design):
         if ctx.window is None:  # a cache without a ring: every key is kept
             return
         if ctx.cache is not None and ctx.token_mask is not None:
-            raise UserError("model.sink_tokens cannot decode a batch of prompts of different lengths (left padding "
-                            "would take the sink positions)", hint="generate one prompt at a time")
+            raise UserError("model.designs=[stream] cannot decode a batch of prompts of different lengths (left "
+                            "padding would take the sink positions)", hint="generate one prompt at a time")
         ctx.key_mask = sink_band(len(ctx.index), ctx.window, n, ctx.key_mask, ctx.index.device)  # (B|1, 1, T, T)
         ctx.window = None
 
     def ref_keys(self, config, i, keys):
-        return sorted(set(keys) | set(range(min(config.sink_tokens, i + 1))))
+        return sorted(set(keys) | set(range(min(self.option(config, "sinks"), i + 1))))
 
 
 register(Stream())

@@ -54,8 +54,9 @@ def architecture(config: GPTConfig) -> str:
     if config.window is not None:
         raise UserError(f"format=gguf cannot hold model.window={config.window}: llama.cpp's starcoder2 and "
                         "transformers' GGUF loader attend to every earlier token", hint=HINT)
-    if config.rope_scaling is not None:
-        raise UserError(f"format=gguf cannot hold model.rope_scaling ({config.rope_scaling['rope_type']}): this "
+    scaling = config.design_options.get("rope", {}).get("scaling")
+    if scaling is not None:
+        raise UserError(f"format=gguf cannot hold model.design_options.rope.scaling ({scaling['rope_type']}): this "
                         "exporter writes RoPE unscaled", hint="export it with format=hf (Starcoder2 carries the "
                         "scaling in rope_parameters) or format=native")
     if config.activation != "gelu_tanh":

@@ -18,6 +18,7 @@ from torch import Tensor
 from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write_all
 from gpt.model import design as designs
+from gpt.model import renamed
 from gpt.model.config import GPTConfig
 from gpt.model.state import MAX_BLOCK_SIZE
 from gpt.tokenizers.files import attach, eot_id, reference, tokenizer_files  # noqa: F401  (tokenizer_files: export's)
@@ -248,6 +249,10 @@ def config_from_hf(hf: dict[str, Any], state: dict[str, Tensor], attention: str,
     """
     sizes = sizes_of(hf, source)
     own = hf.get(META_KEY, {}).get("model_config", {})
+    try:
+        own = renamed.upgrade(own)  # an export from before the designs were named one way
+    except ConfigError as err:
+        raise UserError(f"{source / 'config.json'}: {err}", hint="the file was edited or damaged") from None
     own = dataclass_values(GPTConfig, own, f"{source / 'config.json'} ({META_KEY})",
                            "the file was edited or damaged: export the model again", prefix="model_config.")
     extras = {k: own[k] for k in ("attention", "attention_backend") if k in own}

@@ -56,10 +56,11 @@ def choose(config: GPTConfig) -> str:
             pass
         if starcoder2_mismatch(config) is None:
             return "starcoder2"
-    scaled = next((kind for kind in config.kinds().values() if kind.rope_scaling is not None), None)
+    scaled = next((kind for kind in config.kinds().values() if rope_scaling(kind) is not None), None)
     if scaled is not None:  # the remote-code core rotates unscaled
-        where = "model.rope_scaling" if scaled.kind is None else f"model.layer_kinds.{scaled.kind}'s rope_scaling"
-        raise UserError(f"{where} ({scaled.rope_scaling['rope_type']}) cannot be exported for transformers here: "
+        where = ("model.design_options.rope.scaling" if scaled.kind is None
+                 else f"model.layer_kinds.{scaled.kind}.options.rope.scaling")
+        raise UserError(f"{where} ({rope_scaling(scaled)['rope_type']}) cannot be exported for transformers here: "
                         "only Starcoder2 (a uniform model, RoPE alone, LayerNorm) carries it, and the remote-code "
                         "export does not", hint="pass format=native")
     missing = [(kind, d) for kind in config.kinds().values() for d in designs.active(kind) if not d.modeling]
@@ -74,6 +75,11 @@ def choose(config: GPTConfig) -> str:
             raise UserError(f"design {d.name}'s modeling source {d.modeling} does not exist",
                             hint="fix Design.modeling, or pass format=native")
     return "remote"
+
+
+def rope_scaling(config: GPTConfig) -> dict[str, Any] | None:
+    """The (kind's) config's RoPE scaling (model.design_options.rope.scaling); None without one or without RoPE."""
+    return config.design_options.get("rope", {}).get("scaling")
 
 
 def meta(config: GPTConfig, tokenizer: dict[str, Any], target: str) -> dict[str, Any]:
@@ -103,7 +109,7 @@ def starcoder2_config(config: GPTConfig, tokenizer: dict[str, Any], dtype: torch
 def rope_parameters(config: GPTConfig) -> dict[str, Any]:
     """rope_parameters and max_position_embeddings in transformers' form: its dynamic NTK counts the growth from
     max_position_embeddings, so there it is the original length; linear and dynamic take no original length key."""
-    scaling = config.rope_scaling
+    scaling = rope_scaling(config)
     if scaling is None:
         return {"max_position_embeddings": config.block_size,
                 "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA}}
@@ -176,7 +182,7 @@ def remote_layout(config: GPTConfig) -> dict[str, Any]:
     if config.layers is None:
         return {}
     kinds = {name: {"model_config": kind.to_dict(), "designs": [d.name for d in designs.active(kind)],
-                    "options": kind.kind_options} for name, kind in config.kinds().items()}
+                    "options": kind.design_options} for name, kind in config.kinds().items()}
     return {"layer_kinds": [config.kind_of(i) for i in range(config.n_layer)], "kinds": kinds}
 
 

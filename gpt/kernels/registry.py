@@ -13,8 +13,8 @@ from torch import Tensor
 class AttentionKernel(Protocol):
     """``kernel(q, k, v, *, causal, mask, dropout_p, scale, window[, softcap, bias, sink]) -> Tensor``.
 
-    q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv), Dv usually D (model.diff_attn gives Dv = 2D,
-    model.mla_latent Dv < D: q and k carry the decoupled rotary features too), with H divisible by Hkv (query
+    q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv), Dv usually D (the diff design gives Dv = 2D,
+    mla Dv < D: q and k carry the decoupled rotary features too), with H divisible by Hkv (query
     head h reads key/value head h // (H // Hkv)). mask: optional bool, broadcastable to (B, H, Tq, Tk), True =
     "may attend".
     causal: query i (counted from the end, so Tq < Tk aligns bottom-right: position p = i + Tk - Tq)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Optional
 from gpt import kernels
 from gpt.errors import ConfigError
 from gpt.model import design as designs
-from gpt.model import layout
+from gpt.model import layout, renamed
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model.activation: GPT-2's tanh GELU, the exact GELU, ReLU squared
 NORMS = ("layernorm", "rmsnorm")  # model.norm: GPT-2's LayerNorm (weight and bias), RMSNorm (a weight only)
@@ -24,8 +24,9 @@ MISSING: Any = "???"  # a value the user must give (Hydra and OmegaConf read "??
 class GPTConfig:
     """Shape of a GPT-2 style model. Defaults are GPT-2 small (124M).
 
-    The fields after ``window`` belong to the attention designs (gpt.designs), which check them: each built-in
-    design's switch and settings, then the designs a user brought by name and their options.
+    ``designs`` names the attention designs (gpt.designs: built-in or brought), ``design_options`` their settings
+    keyed by design (defaults filled in); each design checks its own. A file written before they were named so
+    reads through gpt.model.renamed.upgrade (from_dict).
     """
 
     n_layer: int = 12
@@ -42,27 +43,17 @@ class GPTConfig:
     attention: str = "sdpa"
     n_kv_head: Optional[int] = None  # key/value heads: None = n_head (GPT-2); fewer = grouped-query; 1 = multi-query
     window: Optional[int] = None  # sliding window: query i sees keys i - window < j <= i; None = all earlier keys
-    sink_tokens: int = 0  # StreamingLLM: with a window, every query also sees the first N tokens (kept in the cache)
-    pos_embedding: str = "learned"  # learned (GPT-2's wpe table) | rope (rotary, on q and k) | alibi (score bias)
-    rope_scaling: Any = None  # RoPE past its training length: {rope_type: linear|dynamic|yarn|llama3, factor, ...}
     attention_backend: Optional[str] = None  # attention=sdpa only: pin flash | efficient | math | cudnn
-    qk_norm: bool = False  # RMS-normalise each head's queries and keys (learned gains) before the dot product
-    attn_softcap: Optional[float] = None  # Gemma 2: scores -> cap * tanh(scores / cap); None = no cap
-    attn_sink: bool = False  # a learned sink logit per head joins every softmax (the weight may go nowhere)
-    diff_attn: bool = False  # Diff Transformer: two softmax maps from the halves of q and k, the second subtracted
-    linear_attn: Optional[str] = None  # causal linear attention with this feature map (elu1); None = softmax
-    mla_latent: Optional[int] = None  # multi-head latent attention: keys and values from a latent of this width
-    mla_rope_dim: Optional[int] = None  # MLA's decoupled rotary features per query and key; None = head_dim/2 (even)
-    designs: list[str] = field(default_factory=list)  # designs brought by the user, by name (docs/designs.md)
-    design_options: dict[str, Any] = field(default_factory=dict)  # their settings (defaults filled in)
+    designs: list[str] = field(default_factory=list)  # the attention designs, built-in or brought, by name: [rope, ...]
+    design_options: dict[str, Any] = field(default_factory=dict)  # their settings by design: {rope: {base: 1e6}}
     layers: Any = None  # a layout: kind letters tiled over n_layer ("SSSSSL") or one kind per layer; None: uniform
     layer_kinds: Any = None  # the layout's kinds by name: {window, designs, options} each (gpt/model/layout.py)
 
     kind: ClassVar[Optional[str]] = None  # a kind's config (kind_config): the kind's name; the model's: None
-    kind_options: ClassVar[dict[str, dict[str, Any]]] = {}  # a kind's per-layer design settings (Design.layer_options)
 
     # Choices of a run rather than of the weights: they change no parameter name or shape, so a resumed or
-    # fine-tuned run, or a sampling session, may set them anew (designs declare theirs: Design.runtime).
+    # fine-tuned run, or a sampling session, may set them anew (designs declare theirs, with their settings:
+    # Design.runtime).
     RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("dropout", "attention", "attention_backend", "window",
                                                  "zero_init_proj")
 
@@ -129,14 +120,11 @@ class GPTConfig:
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
 
     def _check_designs(self) -> None:
-        """The attention designs' fields: the lists' types, a known position scheme, then each design's checks."""
+        """The attention designs: the list's and the mapping's types, then the registry's checks (gpt.model.design)."""
         if not isinstance(self.designs, list) or not all(isinstance(d, str) for d in self.designs):
             raise ConfigError(f"model.designs must be a list of design names, got {self.designs!r}")
         if not isinstance(self.design_options, dict):
             raise ConfigError(f"model.design_options must be a mapping, got {self.design_options!r}")
-        schemes = ("learned", *(d.on for d in map(designs.get, designs.available()) if d.switch == "pos_embedding"))
-        if self.pos_embedding not in schemes:
-            raise ConfigError(f"model.pos_embedding must be one of {', '.join(schemes)}, got {self.pos_embedding!r}")
         designs.check(self)
 
     def _check_kernel(self) -> None:
@@ -163,36 +151,54 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
-    def runtime_fields(self) -> tuple[str, ...]:
-        """RUNTIME_FIELDS and the designs' runtime settings."""
-        return self.RUNTIME_FIELDS + designs.runtime_fields()
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def with_runtime_of(self, other: GPTConfig) -> GPTConfig:
-        """This architecture with ``other``'s runtime choices (runtime_fields)."""
-        return replace(self, **{name: getattr(other, name) for name in self.runtime_fields()})
+        """This architecture with ``other``'s runtime choices: RUNTIME_FIELDS, and the designs that change no weight
+        (Design.runtime) with their settings."""
+        runtime = designs.runtime_designs()
+        names = [d for d in self.designs if d not in runtime] + [d for d in other.designs if d in runtime]
+        options = {**{k: v for k, v in self.design_options.items() if k not in runtime},
+                   **{k: v for k, v in other.design_options.items() if k in runtime}}
+        return replace(self, **{name: getattr(other, name) for name in self.RUNTIME_FIELDS}, designs=names,
+                       design_options=options)
 
     def shape_differences(self, other: GPTConfig | dict[str, Any]) -> list[str]:
         """Fields (runtime ones aside) where ``other`` (e.g. a checkpoint's config) differs, as readable phrases."""
-        mine, theirs, unset = self.to_dict(), other if isinstance(other, dict) else other.to_dict(), "(not set)"
-        # a checkpoint from before a field existed holds its default (e.g. qk_norm=False)
+        mine = _architecture(self.to_dict())
+        theirs = _architecture(renamed.upgrade(other) if isinstance(other, dict) else other.to_dict())
+        unset = "(not set)"
+        # a checkpoint from before a field existed holds its default (e.g. norm=layernorm)
         defaults = {f.name: f.default if f.default is not NO_DEFAULT else f.default_factory()
                     for f in fields(GPTConfig) if f.default is not NO_DEFAULT or f.default_factory is not NO_DEFAULT}
         theirs = {**defaults, **theirs}
-        keys = sorted((set(mine) | set(theirs)) - set(self.runtime_fields()))
+        keys = sorted((set(mine) | set(theirs)) - set(self.RUNTIME_FIELDS))
         return [f"model.{k} is {theirs.get(k, unset)!r} in the checkpoint but {mine.get(k, unset)!r} now"
                 for k in keys if theirs.get(k, unset) != mine.get(k, unset)]
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
-        """Build from a dict, refusing keys that are not GPTConfig fields (a typo or a newer checkpoint)."""
+        """Build from a dict (a file's: an old one's settings respelled by renamed.upgrade), refusing keys that are
+        not GPTConfig fields (a typo or a newer checkpoint)."""
+        values = renamed.upgrade(values)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
         return cls(**values)
+
+
+def _architecture(values: dict[str, Any]) -> dict[str, Any]:
+    """A config dict's designs and their settings without the runtime designs', in hook order, defaults filled."""
+    runtime = designs.runtime_designs()
+    names = values.get("designs")
+    if isinstance(names, list) and isinstance(values.get("design_options"), dict):
+        known = designs.available()
+        names = sorted((d for d in names if d not in runtime), key=lambda d: known.index(d) if d in known else 1 << 30)
+        options = designs.filled(names, values["design_options"])
+        values = {**values, "designs": names, "design_options": options}
+    return values
 
 
 @dataclass

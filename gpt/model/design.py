@@ -14,7 +14,6 @@ the registry; a user's are loaded by gpt.designs.loading (``designs=[my_design.p
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,12 +40,8 @@ class Design:
     name: str = ""
     about: str = ""  # one line: what it changes (python -m gpt.attention, refusals)
     paper: str = ""  # where it comes from
-    switch: str | None = None  # the model config field that turns it on; None: named in model.designs
-    on: Any = None  # the switch's value meaning "on"; None: any value but the field's default
-    fields: tuple[str, ...] = ()  # further model config fields it owns (its check() validates them)
-    options: dict[str, Any] = {}  # a brought design's own settings and defaults, kept in model.design_options
-    layer_options: dict[str, Any] = {}  # settings a layer kind may give it, with defaults (model.layer_kinds.<kind>.
-    # options.<design>.<key>: e.g. RoPE's base); read with layer_option(config, name, key)
+    options: dict[str, Any] = {}  # its settings and their defaults, kept in model.design_options.<name>.<key>; a
+    # layer kind may give its own (model.layer_kinds.<kind>.options.<name>.<key>): e.g. RoPE's base, softcap's cap
     runtime: bool = False  # its settings change no weight: a resumed run or a sampling session may change them
     positional: bool = False  # it encodes positions itself, so the model has no learned position table (wpe)
     layer: type | None = None  # an attention layer replacing the core's (a gpt.model.CausalSelfAttention subclass)
@@ -56,7 +51,7 @@ class Design:
     exports: tuple[str, ...] = ("native",)  # export formats that can hold it (EXPORT_FORMATS)
     modeling: str | None = None  # its remote-code export: a self-contained .py file (torch, transformers) defining
     # class Part, hooks of gpt/interop/modeling/core.py (modeling_file(name) for the built-ins); None: none
-    preset: dict[str, Any] | None = None  # the arena's preset (model overrides); None: switched on with defaults
+    preset: dict[str, Any] = {}  # the arena's preset: model overrides beside model.designs=[name] (a kernel, a window)
     view: str = "the softmax weights of each head"  # what the attention pictures show for it
     conflicts: dict[str, str] = {}  # designs it cannot be combined with -> why (either side may say it)
     cases: dict[str, dict[str, Any]] = {}  # settings the contract tests check it in, alone and combined
@@ -64,39 +59,29 @@ class Design:
     # --- how a config turns it on, and how to say so ---------------------------------------------------------------
 
     def enabled(self, config: GPTConfig) -> bool:
-        if self.switch is None:
-            return self.name in config.designs
-        value = getattr(config, self.switch)
-        return value == self.on if self.on is not None else value != field_default(config, self.switch)
+        return self.name in config.designs
+
+    def option(self, config: GPTConfig, key: str) -> Any:
+        """Its setting ``key`` in this (kind's) config: model.design_options.<name>.<key>, defaults filled in."""
+        return config.design_options[self.name][key]
 
     def setting(self, config: GPTConfig) -> str:
-        """The setting that turns it on, as the user typed it: ``model.qk_norm=true``."""
-        if self.switch is None:
-            return f"model.designs=[{self.name}]"
-        return f"model.{self.switch}={spell(getattr(config, self.switch))}"
+        """The setting that turns it on, as the user types it: ``model.designs=[qk_norm]``."""
+        return f"model.designs=[{self.name}]"
 
     def off(self, config: GPTConfig) -> str:
-        """How to turn it off: ``model.qk_norm=false``."""
-        if self.switch is None:
-            return f"model.designs without {self.name}"
-        return f"model.{self.switch}={spell(field_default(config, self.switch))}"
+        """The setting that turns it off, the config's other designs kept: ``model.designs=[rope]``."""
+        return f"model.designs={spell([d for d in config.designs if d != self.name])}"
 
     def on_preset(self) -> dict[str, Any]:
         """Model overrides that switch it on (the arena's preset of the same name)."""
-        if self.preset is not None:
-            return dict(self.preset)
-        if self.switch is None:
-            return {"designs": [self.name]}
-        return {self.switch: True if self.on is None else self.on}
+        return {"designs": [self.name], **self.preset}
 
     # --- hooks (no-ops unless a design overrides them) -------------------------------------------------------------
 
     def check(self, config: GPTConfig) -> None:
-        """Validate (and resolve defaults of) its own fields; raise ConfigError naming the field."""
-
-    def check_layer_options(self, values: dict[str, Any], where: str) -> None:
-        """Validate a layer kind's settings of this design (layer_options' keys, defaults filled in); ``where``
-        names them (model.layer_kinds.S.options.rope)."""
+        """Validate (and resolve derived defaults of) its settings in a config that turns it on (``option``); raise
+        ConfigError naming the setting (model.design_options.<name>.<key>)."""
 
     def no_cache(self, config: GPTConfig) -> str | None:
         """Why its layers cannot decode with a KV cache (gpt.model.kv_cache refuses it, saying so); None: they can."""
@@ -169,20 +154,11 @@ def modeling_file(name: str) -> str:
     return str(Path(__file__).resolve().parent.parent / "interop" / "modeling" / f"{name}.py")
 
 
-def layer_option(config: GPTConfig, name: str, key: str) -> Any:
-    """Design ``name``'s per-layer setting ``key`` in this (kind's) config: the kind's value or the design's default."""
-    return config.kind_options.get(name, {}).get(key, get(name).layer_options[key])
-
-
-def field_default(config: GPTConfig, name: str) -> Any:
-    """The default of one of the config's fields (what "off" means for a design's switch)."""
-    return next(f.default for f in dataclasses.fields(config) if f.name == name)
-
-
-def check_bool(config: GPTConfig, name: str) -> None:
-    """Refuse a switch that is not true or false."""
-    if not isinstance(getattr(config, name), bool):
-        raise ConfigError(f"model.{name} must be true or false, got {getattr(config, name)!r}")
+def filled(names: list[str], options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """design_options with every named (registered) design's defaults filled in, a new dict (nothing shared)."""
+    known = _designs()
+    return {name: {**known[name].options, **dict(options.get(name) or {})} for name in names
+            if name in known and (known[name].options or options.get(name))}
 
 
 def spell(value: Any) -> str:
@@ -199,7 +175,7 @@ _first_read: list[Callable[[], None]] = []  # run once, when the registry is fir
 
 
 def register(design: Design, override: bool = False) -> Design:
-    """Add a design; ``model.<switch>=...`` (or ``model.designs=[name]``) then selects it."""
+    """Add a design; ``model.designs=[name]`` then selects it."""
     if not isinstance(design, Design) or not design.name.isidentifier():
         raise ValueError(f"register() takes a Design instance with an identifier name, got {design!r}")
     if design.name in _DESIGNS and not override:
@@ -276,9 +252,9 @@ def kernels_for(design: Design) -> list[str]:
     return [k for k in kernels.available() if all(kernels.spec(k).supports(o) for o in design.kernel_options)]
 
 
-def runtime_fields() -> tuple[str, ...]:
-    """Model config fields of designs whose settings change no weight."""
-    return tuple(f for d in _designs().values() if d.runtime for f in (d.switch, *d.fields) if f)
+def runtime_designs() -> tuple[str, ...]:
+    """Designs whose presence and settings change no weight (a resumed run or a sampling session may change them)."""
+    return tuple(d.name for d in _designs().values() if d.runtime)
 
 
 def kernel_options(config: GPTConfig) -> dict[str, tuple[str, str]]:
@@ -287,21 +263,23 @@ def kernel_options(config: GPTConfig) -> dict[str, tuple[str, str]]:
 
 
 def check(config: GPTConfig) -> None:
-    """The designs' part of GPTConfig's checks: names known, options known, each design's own fields, and every
-    pair of active designs that cannot be combined (one ConfigError naming both settings)."""
+    """The designs' part of GPTConfig's checks: names known (put in hook order), options known (defaults filled in),
+    each active design's own checks, and every pair of active designs that cannot be combined (one ConfigError
+    naming both settings)."""
     for name in config.designs:
         if name not in _designs():
             raise DesignUnavailable(name)
-    for design in _designs().values():
-        design.check(config)
+    config.designs = [name for name in _designs() if name in config.designs]
+    _check_options(config)
     on = active(config)
-    _check_options(config, on)
+    for design in on:
+        design.check(config)
     for i, a in enumerate(on):
         for b in on[i + 1:]:
             why = a.conflicts.get(b.name) or b.conflicts.get(a.name) or _exclusive(a, b)
             if why:
-                raise ConfigError(f"{a.setting(config)} cannot be combined with {b.setting(config)}: {why}",
-                                  hint=f"set {b.off(config)}, or {a.off(config)}")
+                raise ConfigError(f"model.designs names {a.name} and {b.name}, which cannot be combined: {why}",
+                                  hint=f"leave {b.name} or {a.name} out of model.designs")
 
 
 def _exclusive(a: Design, b: Design) -> str | None:
@@ -310,19 +288,27 @@ def _exclusive(a: Design, b: Design) -> str | None:
         return "each replaces the whole attention layer"
     if a.cache is not None and b.cache is not None:
         return "each keeps its own kind of KV cache"
+    if a.positional and b.positional:
+        return "each encodes the positions its own way"
     return None
 
 
-def _check_options(config: GPTConfig, on: list[Design]) -> None:
-    """model.design_options: every key belongs to an active design (defaults filled in for those it omits)."""
-    owners = {key: d for d in on for key in d.options}
-    unknown = sorted(set(config.design_options) - set(owners))
-    if unknown:
-        raise ConfigError(f"model.design_options.{unknown[0]} is not an option of an active design"
-                          + (f" (active: {', '.join(d.name for d in on)})" if on else ""),
-                          hint="check the spelling, or add the design to model.designs")
-    for key, design in owners.items():
-        config.design_options.setdefault(key, design.options[key])
+def _check_options(config: GPTConfig) -> None:
+    """model.design_options: keyed by a design the config turns on, each key one of its options; defaults filled."""
+    given = config.design_options
+    for name, settings in given.items():
+        if name not in config.designs:
+            raise ConfigError(f"model.design_options.{name} is given but {name} is not in model.designs"
+                              + (f" ({spell(config.designs)})" if config.designs else ""),
+                              hint=f"add {name} to model.designs, or drop its options")
+        if not isinstance(settings, dict):
+            raise ConfigError(f"model.design_options.{name} must map {name}'s settings to values, got {settings!r}",
+                              hint=f"e.g. model.design_options.{name}.<setting>=<value>")
+        unknown = sorted(set(settings) - set(get(name).options))
+        if unknown:
+            raise ConfigError(f"model.design_options.{name}.{unknown[0]} is not a setting of design {name}",
+                              hint=f"its settings: {', '.join(get(name).options) or 'none'}")
+    config.design_options = filled(config.designs, given)
 
 
 class DesignUnavailable(ConfigError):

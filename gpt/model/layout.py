@@ -5,10 +5,10 @@
     model.layer_kinds={S: {window: 512, designs: [rope]}, L: {designs: [rope], options: {rope: {base: 1000000}}}}
 
 A kind holds the per-layer settings: ``window`` (absent: model.window; null: every earlier key), ``designs`` (registry
-names, built-in or brought: e.g. [rope], [qk_norm, softcap], [my_design]) and ``options``, keyed by design (a
-built-in's fields such as {softcap: {attn_softcap: 30}}, a brought design's options, a design's per-layer settings
-such as {rope: {base: 1000000}}). The designs the model itself turns on (model.pos_embedding=rope, model.designs)
-apply to every layer; a kind adds its own. Each kind becomes a GPTConfig of its own (``kind_config``), checked as a
+names, built-in or brought: e.g. [rope], [qk_norm, softcap], [my_design]) and ``options``, keyed by design as
+model.design_options is (e.g. {rope: {base: 1000000}}, {softcap: {cap: 30}}). The designs the model itself names
+(model.designs) apply to every layer, with their model.design_options; a kind adds its own designs, and its options
+override the model's for its layers. Each kind becomes a GPTConfig of its own (``kind_config``), checked as a
 uniform model is, which every layer of that kind is built from: transformers' Gemma 3 and Qwen3-Next ``layer_types``
 and nanochat's window pattern say the same per layer.
 """
@@ -68,26 +68,28 @@ def kind_config(config: GPTConfig, name: str) -> GPTConfig:
         raise ConfigError(f"{where} must be a mapping of {', '.join(KIND_KEYS)}"
                           + (f"; {extra[0]!r} is none of them" if extra else f", got {kind!r}"),
                           hint="e.g. {window: 512, designs: [rope], options: {rope: {base: 10000}}}")
-    changes: dict[str, Any] = {"layers": None, "layer_kinds": None, "design_options": dict(config.design_options)}
+    changes: dict[str, Any] = {"layers": None, "layer_kinds": None}
     if "window" in kind:
         window = kind["window"]
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
             raise ConfigError(f"{where}.window must be a positive integer or null (every earlier key), got {window!r}",
                               hint=f"e.g. {where}.window=512")
         changes["window"] = window
-    per_design = _designs_of(config, kind, where, changes)
+    _designs_of(config, kind, where, changes)
     try:
         view = replace(config, **changes)
     except ConfigError as err:
-        kind_designs = designs.spell(kind.get("designs") or [])
-        raise ConfigError(f"{where} (designs {kind_designs}): {err}", hint=err.hint) from None
-    view.kind, view.kind_options = name, per_design
+        kind_designs, problem = designs.spell(kind.get("designs") or []), str(err)
+        for name in kind.get("options") or {}:  # a setting the kind gave, as the kind spells it
+            problem = problem.replace(f"model.design_options.{name}.", f"{where}.options.{name}.")
+        raise ConfigError(f"{where} (designs {kind_designs}): {problem}", hint=err.hint) from None
+    view.kind = name
     return view
 
 
-def _designs_of(config: GPTConfig, kind: dict, where: str, changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Turn on the kind's designs (their switches, or model.designs) and place its options in ``changes``; returns
-    the per-layer settings designs read through ``design.layer_option`` (defaults filled in)."""
+def _designs_of(config: GPTConfig, kind: dict, where: str, changes: dict[str, Any]) -> None:
+    """Put in ``changes`` the kind's designs (the model's and its own) and their settings (the model's, with the
+    kind's own over them: model.layer_kinds.<kind>.options.<design>.<key>)."""
     names, options = kind.get("designs") or [], kind.get("options") or {}
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{where}.designs must be a list of design names, got {names!r}",
@@ -95,38 +97,19 @@ def _designs_of(config: GPTConfig, kind: dict, where: str, changes: dict[str, An
     if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
         raise ConfigError(f"{where}.options must map a design to its settings, got {options!r}",
                           hint=f"e.g. {where}.options={{rope: {{base: 1000000}}}}")
-    switched: dict[str, str] = {}  # field -> the kind's design that set it
     for name in names:
         if name not in designs.available():
             raise designs.DesignUnavailable(name)
-        design = designs.get(name)
-        for key, value in design.on_preset().items():
-            if key not in ("designs", design.switch, *design.fields):  # a preset's kernel or window: the kind's own
-                continue
-            if key in switched and key != "designs":
-                raise ConfigError(f"{where}.designs names {switched[key]} and {name}, which both set model.{key}",
-                                  hint=f"keep one of them in {where}.designs")
-            switched[key] = name
-            changes[key] = [*changes.get("designs", config.designs), *value] if key == "designs" else value
-    per_design: dict[str, dict[str, Any]] = {}
+    merged = {name: dict(settings) for name, settings in config.design_options.items()}
     for name, settings in options.items():
-        if name not in names:
+        if name not in names and name not in config.designs:
             raise ConfigError(f"{where}.options.{name} is given but {name} is not among {where}.designs",
                               hint=f"add {name} to {where}.designs, or drop its options")
         design = designs.get(name)
         for key, value in settings.items():
-            if key in design.layer_options:
-                per_design.setdefault(name, {})[key] = value
-            elif key in design.fields or key == design.switch:
-                changes[key] = value
-            elif key in design.options:
-                changes["design_options"][key] = value
-            else:
-                known = [*design.layer_options, *design.fields, *design.options]
+            if key not in design.options:
                 raise ConfigError(f"{where}.options.{name}.{key} is not a setting of design {name}",
-                                  hint=f"its settings: {', '.join(known) or 'none'}")
-    for name in names:
-        design = designs.get(name)
-        per_design[name] = {**design.layer_options, **per_design.get(name, {})}
-        design.check_layer_options(per_design[name], f"{where}.options.{name}")
-    return per_design
+                                  hint=f"its settings: {', '.join(design.options) or 'none'}")
+            merged.setdefault(name, {})[key] = value
+    changes["designs"] = [*config.designs, *names]
+    changes["design_options"] = merged

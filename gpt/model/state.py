@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from gpt.errors import ConfigError, UserError
+from gpt.model import renamed
 from gpt.model.config import GPTConfig
 from gpt.model.design import DesignUnavailable
 from gpt.model.gpt import GPT
@@ -22,8 +23,12 @@ DAMAGED = "the file is damaged or was not written by this framework"
 def model_config_from(values: Any, source: str | Path) -> GPTConfig:
     """The GPTConfig a file records (a checkpoint's model_config, an export's config.json), each field's type
     checked (gpt.validate) and each value by GPTConfig itself; a UserError naming ``source`` otherwise."""
-    values = dataclass_values(GPTConfig, Record(values, str(source), DAMAGED, "model_config").value, str(source),
-                              DAMAGED, prefix="model_config.")
+    values = Record(values, str(source), DAMAGED, "model_config").value
+    try:
+        values = renamed.upgrade(values)  # a file from before the designs were named one way: today's spelling
+    except ConfigError as err:
+        raise UserError(f"{source}: {err}", hint=DAMAGED) from None
+    values = dataclass_values(GPTConfig, values, str(source), DAMAGED, prefix="model_config.")
     try:
         config = GPTConfig.from_dict(values)
     except ConfigError as err:  # a design this process has not loaded keeps its hint: how to bring it

@@ -52,9 +52,11 @@ class Served:
         defaults = GPTConfig()
         options = {f.name: getattr(config, f.name) for f in fields(GPTConfig)
                    if f.name not in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout",
-                                     "attention_backend")
+                                     "attention_backend", "designs", "design_options")
                    and getattr(config, f.name) != getattr(defaults, f.name)
                    and not (f.name == "n_kv_head" and config.n_kv_head == config.n_head)}
+        options.update({f"{name}.{key}": value for name, settings in config.design_options.items()  # not defaults
+                        for key, value in settings.items() if value != designs.get(name).options.get(key)})
         return {"id": self.name, "n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd,
                 "block_size": config.block_size, "vocab_size": self.tokenizer.vocab_size,
                 "parameters": self.model.num_params(), "options": options,

@@ -47,12 +47,14 @@ def arena_config(*overrides: str) -> ArenaConfig:
 
 def test_variants_are_presets_and_model_overrides_joined_by_plus():
     assert parse_variant("gpt2") == {}
-    assert parse_variant("rope+qk_norm") == {"pos_embedding": "rope", "qk_norm": True}
-    assert parse_variant("diff+rope") == {"diff_attn": True, "pos_embedding": "rope"}
-    assert parse_variant("alibi+model.n_kv_head=1+model.window=16") == dict(pos_embedding="alibi", n_kv_head=1,
+    assert parse_variant("rope+qk_norm") == {"designs": ["rope", "qk_norm"]}
+    assert parse_variant("diff+rope") == {"designs": ["diff", "rope"]}
+    assert parse_variant("alibi+model.n_kv_head=1+model.window=16") == dict(designs=["alibi"], n_kv_head=1,
                                                                            window=16)
-    assert parse_variant("model.attn_softcap=30.5+model.attention=manual") == dict(attn_softcap=30.5,
-                                                                                  attention="manual")
+    assert parse_variant("model.designs=[softcap]+model.design_options.softcap.cap=30.5+model.attention=manual") \
+        == dict(designs=["softcap"], design_options={"softcap": {"cap": 30.5}}, attention="manual")
+    assert parse_variant("rope+model.designs=[qk_norm]+model.design_options={rope: {base: 1000000}}") \
+        == dict(designs=["rope", "qk_norm"], design_options={"rope": {"base": 1000000}})
     assert variant_name("rope+model.n_kv_head=1") == "rope_n_kv_head=1"
 
 
@@ -66,8 +68,8 @@ def test_every_variant_gets_the_same_tokens_seed_and_batch():
         assert run.train.max_iters == math.ceil(100_000 / per_step), name
         assert (run.seed, run.train.batch_size, run.data) == (cfg.seed, cfg.train.batch_size, cfg.data)
         assert run.out_dir == f"/tmp/x/{name}"
-    assert runs["alibi/seed1337"].model.pos_embedding == "alibi"
-    assert runs["gpt2/seed1337"].model.pos_embedding == "learned"
+    assert runs["alibi/seed1337"].model.designs == ["alibi"]
+    assert runs["gpt2/seed1337"].model.designs == []
     assert runs["block_size=64_rope/seed1337"].train.max_iters == math.ceil(100_000 / (16 * 64))
     assert all(run.train.max_seconds is None for run in runs.values())
     timed = dict(variant_runs(arena_config("arena.seconds=30", "arena.tokens=100000", "device=cpu")))
@@ -78,7 +80,9 @@ def test_every_variant_gets_the_same_tokens_seed_and_batch():
 @pytest.mark.parametrize("override, message", [
     ("arena.variants=[nope]", "unknown preset 'nope'"),
     ("arena.variants=['model.colour=3']", "'model.colour' in 'model.colour=3' is not a model field"),
-    ("arena.variants=['model.attn_softcap=5']", "arena variant 'model.attn_softcap=5': attention=sdpa has no logit"),
+    ("arena.variants=['model.designs=[softcap]']", r"arena variant 'model.designs=\[softcap\]': attention=sdpa has "
+                                                   "no logit"),
+    ("arena.variants=['model.qk_norm=true']", r"model.qk_norm is no longer a setting: write model.designs=\[qk_norm\]"),
     ("arena.variants=['model.n_kv_head=3']", "must be a multiple of model.n_kv_head"),
     ("arena.variants=[rope,rope]", "names a variant twice"),
     ("arena.variants=[]", "arena.variants is empty"),
@@ -102,12 +106,14 @@ def test_kv_bytes_per_token_counts_only_key_value_heads_and_the_window_ring():
     small = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=11)
     assert kv_bytes_per_token(GPT(GPTConfig(**small)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k and v, fp32
     assert kv_bytes_per_token(GPT(GPTConfig(**small, n_kv_head=1)).eval(), "cpu") == 2 * 3 * 1 * 8 * 4
-    assert kv_bytes_per_token(GPT(GPTConfig(**small, diff_attn=True)).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k whole
-    linear = GPT(GPTConfig(**small, linear_attn="elu1")).eval()  # a fixed state per layer: S (4, 8, 8) and z (4, 8)
+    assert kv_bytes_per_token(GPT(GPTConfig(**small, designs=["diff"])).eval(), "cpu") == 2 * 3 * 4 * 8 * 4  # k whole
+    linear = GPT(GPTConfig(**small, designs=["linear"])).eval()  # a fixed state per layer: S (4, 8, 8) and z (4, 8)
     assert kv_bytes_per_token(linear, "cpu") == 3 * 4 * (8 * 8 + 8) * 4 / 16  # over block_size tokens
-    latent = GPT(GPTConfig(**small, mla_latent=10)).eval()  # MLA: the latent (10) and the shared rotated key (4)
+    # MLA: the latent (10) and the shared rotated key (4)
+    latent = GPT(GPTConfig(**small, designs=["mla"], design_options={"mla": {"latent": 10}})).eval()
     assert kv_bytes_per_token(latent, "cpu") == 3 * (10 + 4) * 4
-    stream = GPT(GPTConfig(**small, window=4, sink_tokens=2)).eval()  # 4 ring slots and 2 sinks: 6 cached tokens
+    # 4 ring slots and 2 sinks: 6 cached tokens
+    stream = GPT(GPTConfig(**small, window=4, designs=["stream"], design_options={"stream": {"sinks": 2}})).eval()
     assert kv_bytes_per_token(stream, "cpu") == 2 * 3 * 4 * 8 * 4
 
 
@@ -129,7 +135,7 @@ def test_the_recipe_axis_trains_every_variant_under_each_recipe_with_its_own_des
         recipe = name.split("@")[1].split("/")[0]
         assert (run.train.optimizer, run.train.schedule) == {"gpt2": ("adamw", "cosine"), "modern": ("muon", "wsd")}[
             recipe], name
-        assert run.model.pos_embedding == ("alibi" if name.startswith("alibi") else "learned"), name
+        assert run.model.designs == (["alibi"] if name.startswith("alibi") else []), name
         assert run.out_dir == f"/tmp/x/{name}" and run.train.max_iters == math.ceil(100_000 / (16 * 128))
     composed = dict(variant_runs(arena_config("recipe=modern", "arena.variants=[gpt2]", "device=cpu")))
     assert composed["gpt2/seed1337"].train.optimizer == "muon"  # without the axis: the composed recipe=
@@ -152,7 +158,7 @@ def test_quick_arena_runs_a_variant_under_both_recipes(tmp_path, data_args):
 
 def test_overrides_and_sizes_are_axes_of_the_grid_each_with_its_own_folder():
     cfg = arena_config("arena.variants=[gpt2,rope]", "arena.seeds=2", "arena.overrides=['train.learning_rate=1e-3',"
-                       "'model.qk_norm=true+train.batch_size=8']", "arena.sizes=['model.n_layer=1','n_layer=3']",
+                       "'model.designs=[qk_norm]+train.batch_size=8']", "arena.sizes=['model.n_layer=1','n_layer=3']",
                        "arena.tokens=65536", "device=cpu", "out_dir=/tmp/x")
     cells = plan(cfg)
     assert len(cells) == 2 * 2 * 2 * 2  # sizes x variants x overrides x seeds
@@ -161,8 +167,9 @@ def test_overrides_and_sizes_are_axes_of_the_grid_each_with_its_own_folder():
         "gpt2@learning_rate=1e-3@n_layer=1", "learning_rate=1e-3@n_layer=1", "n_layer=1", 1337)
     assert first.run.out_dir == "/tmp/x/gpt2@learning_rate=1e-3@n_layer=1/seed1337"
     assert (first.run.train.learning_rate, first.run.model.n_layer) == (1e-3, 1)
-    small_batch = next(c for c in cells if c.group == "rope@qk_norm=true_batch_size=8@n_layer=3" and c.seed == 1338)
-    assert small_batch.run.model.qk_norm and small_batch.run.model.pos_embedding == "rope"
+    small_batch = next(c for c in cells if c.group == "rope@designs=_qk_norm_batch_size=8@n_layer=3"
+                       and c.seed == 1338)
+    assert small_batch.run.model.designs == ["rope", "qk_norm"]  # the variant's, and the override's added
     assert small_batch.run.train.batch_size == 8 and small_batch.run.model.n_layer == 3
     assert small_batch.run.train.max_iters == math.ceil(65536 / (8 * 128)) and small_batch.run.seed == 1338
 

@@ -114,7 +114,7 @@ def test_chat_tokens_are_added_rows_at_the_mean_and_nothing_else_changes():
         GPT(grown_config).load_state_dict(grown)
 
 
-@pytest.mark.parametrize("design", [{}, {"pos_embedding": "rope"}, {"qk_norm": True}])
+@pytest.mark.parametrize("design", [{}, {"designs": ["rope"]}, {"designs": ["qk_norm"]}])
 def test_a_packed_row_keeps_conversations_apart(design):
     """Conversation B's logits in a packed row do not change when conversation A before it changes, and equal B's
     logits alone."""

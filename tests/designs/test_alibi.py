@@ -17,11 +17,11 @@ def test_slopes_follow_the_paper_also_between_powers_of_two():
 
 def test_the_position_table_goes_and_nothing_else_changes():
     base = set(GPT(GPTConfig(**TINY)).state_dict())
-    assert set(GPT(GPTConfig(**TINY, pos_embedding="alibi")).state_dict()) == base - {"transformer.wpe.weight"}
+    assert set(GPT(GPTConfig(**TINY, designs=["alibi"])).state_dict()) == base - {"transformer.wpe.weight"}
 
 
 def test_a_kernel_without_a_score_bias_is_refused_naming_one_that_has_it():
-    with pytest.raises(ConfigError, match="attention=flex has no additive score bias .*pos_embedding=alibi") as caught:
-        GPTConfig(**TINY, pos_embedding="alibi", attention="flex")
+    with pytest.raises(ConfigError, match=r"attention=flex has no additive score bias .*designs=\[alibi\]") as caught:
+        GPTConfig(**TINY, designs=["alibi"], attention="flex")
     assert "manual" in caught.value.hint
-    assert GPTConfig(**TINY, pos_embedding="alibi", attention="sdpa").pos_embedding == "alibi"
+    assert GPTConfig(**TINY, designs=["alibi"], attention="sdpa").designs == ["alibi"]

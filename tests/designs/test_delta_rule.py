@@ -128,9 +128,9 @@ def test_a_chunk_size_the_chunking_cannot_use_is_refused_by_name(chunk):
     x = inputs(T=5)
     with pytest.raises(ConfigError, match=rf"^chunk must be a positive power of two .*got {chunk!r}$"):
         chunked(*x[:5], chunk=chunk)
-    with pytest.raises(ConfigError, match="model.delta_chunk must be") as caught:
-        check_chunk(chunk, "model.delta_chunk")
-    assert caught.value.hint == "model.delta_chunk=64"
+    with pytest.raises(ConfigError, match="model.design_options.deltanet.chunk must be") as caught:
+        check_chunk(chunk, "model.design_options.deltanet.chunk")
+    assert caught.value.hint == "model.design_options.deltanet.chunk=64"
 
 
 def test_shapes_that_disagree_are_refused():

@@ -15,9 +15,9 @@ from gpt.model.kv_cache import KVCache
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=50, designs=["deltanet"])
 
 
-@pytest.mark.parametrize("options", [{}, {"delta_chunk": 8}, {"delta_chunk": 4, "delta_conv": 1}])
+@pytest.mark.parametrize("options", [{}, {"chunk": 8}, {"chunk": 4, "conv": 1}])
 def test_the_chunked_prefill_and_the_recurrent_steps_agree_and_the_state_keeps_its_size(options):
-    model = perturbed_model(TINY | dict(n_kv_head=2, design_options=options), sharpen=2.0)
+    model = perturbed_model(TINY | dict(n_kv_head=2, design_options={"deltanet": options}), sharpen=2.0)
     seq = torch.randint(0, 50, (2, 50), generator=torch.Generator().manual_seed(1))
     cache = KVCache(model.config, batch_size=2, device="cpu")
     with torch.no_grad():
@@ -29,7 +29,7 @@ def test_the_chunked_prefill_and_the_recurrent_steps_agree_and_the_state_keeps_i
     assert sum(layer.held_bytes() for layer in cache.layers) == held  # 9 tokens or 50: the same bytes
     state = cache.layers[0].state
     assert state.shape == (2, 4, 8, 8) and state.dtype == torch.float32  # (B, H, Dk, Dv)
-    conv = options.get("delta_conv", 4) - 1
+    conv = options.get("conv", 4) - 1
     assert cache.layers[0].conv.shape == (2, 2 * 2 * 8 + 32, conv)  # the convolution's last K-1 inputs
 
 
@@ -54,7 +54,7 @@ def qwen3_next_layer(attn, config):
     H, Hk, D, C = config.n_head, config.n_kv_head, config.head_dim, config.n_embd
     theirs = qwen.Qwen3NextGatedDeltaNet(Qwen3NextConfig(
         hidden_size=C, linear_num_value_heads=H, linear_num_key_heads=Hk, linear_key_head_dim=D,
-        linear_value_head_dim=D, linear_conv_kernel_dim=config.design_options["delta_conv"], rms_norm_eps=1e-6,
+        linear_value_head_dim=D, linear_conv_kernel_dim=config.design_options["deltanet"]["conv"], rms_norm_eps=1e-6,
         hidden_act="silu", num_hidden_layers=1, layer_types=["linear_attention"]), layer_idx=0)
     q, k, v = attn.c_attn.weight.split([Hk * D, Hk * D, H * D])
     group = H // Hk
@@ -87,11 +87,12 @@ def test_the_layer_equals_transformers_qwen3_next_gated_deltanet(n_kv_head):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"design_options": {"delta_chunk": 48}}, "model.design_options.delta_chunk must be a positive power of two"),
-    ({"design_options": {"delta_conv": 0}}, "model.design_options.delta_conv must be an integer from 1 to 16"),
+    ({"design_options": {"deltanet": {"chunk": 48}}}, "model.design_options.deltanet.chunk must be a positive power "
+                                                      "of two"),
+    ({"design_options": {"deltanet": {"conv": 0}}}, "model.design_options.deltanet.conv must be an integer from 1"),
     ({"window": 8}, "cannot be combined with model.window=8"),
-    ({"pos_embedding": "rope"}, "model.pos_embedding=rope cannot be combined with model.designs=.deltanet."),
-    ({"designs": ["deltanet", "gated"]}, "cannot be combined with .*own output gate"),
+    ({"designs": ["deltanet", "rope"]}, "model.designs names rope and deltanet, which cannot be combined"),
+    ({"designs": ["deltanet", "gated"]}, "names gated and deltanet, which cannot be combined: .*own output gate"),
 ])
 def test_what_it_cannot_take_is_refused_naming_the_setting(settings, message):
     with pytest.raises(ConfigError, match=message):
@@ -99,12 +100,12 @@ def test_what_it_cannot_take_is_refused_naming_the_setting(settings, message):
 
 
 def test_a_bad_chunk_on_the_command_line_is_one_error_line(tmp_path):
-    result = run_inline("train", "model=tiny", "model.designs=[deltanet]", "+model.design_options.delta_chunk=48",
+    result = run_inline("train", "model=tiny", "model.designs=[deltanet]", "model.design_options.deltanet.chunk=48",
                         f"out_dir={tmp_path / 'run'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[0].startswith("error: model.design_options.delta_chunk must be"), lines
-    assert lines[1:] == ["hint: model.design_options.delta_chunk=64"] and "Traceback" not in result.stderr
+    assert lines[0].startswith("error: model.design_options.deltanet.chunk must be"), lines
+    assert lines[1:] == ["hint: model.design_options.deltanet.chunk=64"] and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
 
 

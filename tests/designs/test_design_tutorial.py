@@ -39,7 +39,7 @@ def test_the_tutorial_runs_as_written(tmp_path, data_args):
     assert [shlex.split(line)[1 if line.startswith("GPT_") else 0] for line in lines] == ["python"] * 5
     listed = subprocess.run(["env", *shlex.split(lines[0])[:1], sys.executable, "-m", "gpt.attention", "cpu"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert listed.returncode == 0 and re.search(r"^talking_heads +model.designs=\[talking_heads\] +its own",
+    assert listed.returncode == 0 and re.search(r"^talking_heads +model.designs=\[talking_heads\] +- +its own",
                                                 listed.stdout, flags=re.M), listed.stdout[-2000:]
     outputs = {}
     for line in lines[1:]:

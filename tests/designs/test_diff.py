@@ -8,13 +8,13 @@ from conftest import perturbed_model
 from gpt import GPT, GPTConfig
 from gpt.errors import ConfigError
 
-TINY = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=50, diff_attn=True)  # head_dim 8: halves of 4
+TINY = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=50, designs=["diff"])  # head_dim 8: halves of 4
 
 
 def test_lambda_init_follows_the_paper_per_layer_and_the_new_parameters_are_few():
     model = GPT(GPTConfig(**TINY))
     assert [b.attn.lambda_init for b in model.transformer.h] == pytest.approx([0.2, 0.35550907, 0.47071302])
-    base = GPT(GPTConfig(**{**TINY, "diff_attn": False})).state_dict()
+    base = GPT(GPTConfig(**{**TINY, "designs": []})).state_dict()
     added = {n: p.numel() for n, p in model.state_dict().items() if n not in base}
     names = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", "subln.weight")
     assert set(added) == {f"transformer.h.{i}.attn.{n}" for i in range(3) for n in names}
@@ -23,9 +23,9 @@ def test_lambda_init_follows_the_paper_per_layer_and_the_new_parameters_are_few(
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(n_embd=36), "model.diff_attn=true needs a head dimension .* divisible by 2, got 9: it splits"),
-    (dict(n_embd=24, pos_embedding="rope"), "divisible by 4, got 6: .* pos_embedding=rope rotates each half"),
-    (dict(diff_attn="yes"), "model.diff_attn must be true or false, got 'yes'"),
+    (dict(n_embd=36), r"model.designs=\[diff\] needs a head dimension .* divisible by 2, got 9: it splits"),
+    (dict(n_embd=24, designs=["diff", "rope"]), "divisible by 4, got 6: .* and rope rotates each half"),
+    (dict(design_options={"diff": {"on": True}}), "model.design_options.diff.on is not a setting of design diff"),
 ])
 def test_bad_configs_are_refused_naming_the_option(options, message):
     with pytest.raises(ConfigError, match=message) as caught:

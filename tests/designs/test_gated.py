@@ -7,8 +7,8 @@ import torch
 
 from conftest import perturbed_model
 
-QWEN3_NEXT = dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=50, designs=["gated"],
-                  pos_embedding="rope", qk_norm=True, bias=False, n_kv_head=2)
+QWEN3_NEXT = dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=50, designs=["gated", "rope", "qk_norm"],
+                  bias=False, n_kv_head=2)
 
 
 def test_a_closed_gate_silences_its_head_feature_by_feature():

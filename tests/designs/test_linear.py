@@ -10,7 +10,7 @@ from gpt.designs.linear import causal_linear_attention, linear_weights
 from gpt.errors import ConfigError
 from gpt.model.kv_cache import KVCache
 
-TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, linear_attn="elu1")
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, designs=["linear"])
 
 
 def test_chunks_with_a_carried_state_equal_the_whole_sequence_and_padding_adds_nothing():
@@ -46,18 +46,19 @@ def test_the_decode_state_keeps_its_size():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(linear_attn="relu"), "model.linear_attn must be one of elu1 or null, got 'relu'"),
-    (dict(window=4), "model.linear_attn=elu1 cannot be combined with model.window: its running state sums"),
-    (dict(pos_embedding="rope"), "model.pos_embedding=rope cannot be combined with model.linear_attn=elu1: rotations"),
-    (dict(pos_embedding="alibi"), "cannot be combined with model.linear_attn=elu1"),
-    (dict(attn_softcap=5.0, attention="manual"), "model.attn_softcap=5.0 cannot be combined with model.linear_attn"),
-    (dict(attn_sink=True, attention="manual"), "model.attn_sink=true cannot be combined with model.linear_attn"),
-    (dict(diff_attn=True), "model.diff_attn=true cannot be combined with model.linear_attn=elu1"),
+    (dict(design_options={"linear": {"feature": "relu"}}),
+     "model.design_options.linear.feature must be one of elu1, got 'relu'"),
+    (dict(window=4), "model.designs=.linear. cannot be combined with model.window: its running state sums"),
+    (dict(designs=["linear", "rope"]), "model.designs names rope and linear, which cannot be combined: rotations"),
+    (dict(designs=["linear", "alibi"]), "model.designs names alibi and linear, which cannot be combined"),
+    (dict(designs=["linear", "softcap"], attention="manual"), "names softcap and linear, which cannot be combined"),
+    (dict(designs=["linear", "sink"], attention="manual"), "names sink and linear, which cannot be combined"),
+    (dict(designs=["linear", "diff"]), "names diff and linear, which cannot be combined"),
 ])
 def test_what_linear_attention_cannot_have_is_refused_by_name(options, message):
     with pytest.raises(ConfigError, match=message) as caught:
         GPTConfig(**{**TINY, **options})
-    assert "model.linear_attn=null" in caught.value.hint
+    assert "linear" in caught.value.hint
 
 
 def test_the_pictures_show_the_weights_linear_attention_uses():

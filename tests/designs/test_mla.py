@@ -10,19 +10,21 @@ from gpt.designs.mla import LatentKV
 from gpt.errors import ConfigError
 from gpt.model.kv_cache import KVCache
 
-TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, mla_latent=12)  # head_dim 8, d_R 4
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, designs=["mla"],
+            design_options={"mla": {"latent": 12}})  # head_dim 8, d_R 4
 
 
 def test_the_projections_have_readable_names_and_the_paper_s_shapes():
     model = GPT(GPTConfig(**TINY))
-    assert model.config.mla_rope_dim == 4  # None: head_dim / 2
+    assert model.config.design_options["mla"]["rope_dim"] == 4  # None: head_dim / 2
     shapes = {n.removeprefix("transformer.h.0.attn."): tuple(p.shape) for n, p in model.named_parameters()
               if n.startswith("transformer.h.0.attn.") and n.endswith("weight")}
     assert shapes == {"query.weight": (32, 32), "q_rope.weight": (16, 32), "kv_down.weight": (12, 32),
                       "k_up.weight": (32, 12), "v_up.weight": (32, 12), "k_rope.weight": (4, 32),
                       "c_proj.weight": (32, 32)}
     assert "transformer.wpe.weight" in model.state_dict()  # learned absolute positions stay (GPT-2's table)
-    assert [GPTConfig(**{**TINY, "n_embd": c}).mla_rope_dim for c in (48, 24, 8)] == [6, 2, 2]  # even, at least 2
+    widths = [GPTConfig(**{**TINY, "n_embd": c}).design_options["mla"]["rope_dim"] for c in (48, 24, 8)]
+    assert widths == [6, 2, 2]  # even, at least 2
 
 
 @pytest.mark.parametrize("window", [None, 5])  # a window: the latents sit in a ring of 5 slots
@@ -41,22 +43,27 @@ def test_kv_bytes_per_token_shrink_by_the_formula():
 
     config = dict(n_layer=3, n_head=4, n_embd=64, block_size=16, vocab_size=50)  # head_dim 16
     assert kv_bytes_per_token(GPT(GPTConfig(**config)).eval(), "cpu") == 2 * 4 * 16 * 3 * 4  # 2 x nh x hs x L x 4
-    latent = kv_bytes_per_token(GPT(GPTConfig(**config, mla_latent=20)).eval(), "cpu")
+    mla = GPTConfig(**config, designs=["mla"], design_options={"mla": {"latent": 20}})
+    latent = kv_bytes_per_token(GPT(mla).eval(), "cpu")
     assert latent == (20 + 8) * 3 * 4  # (d_c + d_R) x layers x 4 bytes: 336 instead of 1536
 
 
+def mla(**settings):
+    return dict(design_options={"mla": {"latent": 12, **settings}})
+
+
 @pytest.mark.parametrize("options, message", [
-    (dict(mla_latent=0), "model.mla_latent must be a positive integer or null, got 0"),
-    (dict(mla_latent=True), "model.mla_latent must be a positive integer or null, got True"),
-    (dict(mla_rope_dim=3), "model.mla_rope_dim must be a positive even integer, got 3"),
-    (dict(mla_rope_dim=0), "model.mla_rope_dim must be a positive even integer, got 0"),
-    (dict(mla_latent=None, mla_rope_dim=4), "model.mla_rope_dim=4 is set but model.mla_latent is not"),
-    (dict(pos_embedding="rope"), "model.pos_embedding=rope cannot be combined with model.mla_latent=12: MLA applies"),
-    (dict(pos_embedding="alibi"), "model.pos_embedding=alibi cannot be combined with model.mla_latent=12"),
+    (mla(latent=0), "model.design_options.mla.latent must be a positive integer, got 0"),
+    (mla(latent=True), "model.design_options.mla.latent must be a positive integer, got True"),
+    (mla(rope_dim=3), "model.design_options.mla.rope_dim must be a positive even integer, got 3"),
+    (mla(rope_dim=0), "model.design_options.mla.rope_dim must be a positive even integer, got 0"),
+    (dict(designs=[], design_options=mla()["design_options"]), "model.design_options.mla is given but mla is not in"),
+    (dict(designs=["mla", "rope"]), "model.designs names rope and mla, which cannot be combined: MLA applies"),
+    (dict(designs=["mla", "alibi"]), "model.designs names alibi and mla, which cannot be combined"),
     (dict(n_kv_head=2), "cannot be combined with model.n_kv_head=2: every head's keys and values come from"),
-    (dict(qk_norm=True), "model.qk_norm=true cannot be combined with model.mla_latent=12"),
-    (dict(diff_attn=True), "model.diff_attn=true cannot be combined with model.mla_latent=12"),
-    (dict(linear_attn="elu1"), "model.linear_attn=elu1 cannot be combined with model.mla_latent=12"),
+    (dict(designs=["mla", "qk_norm"]), "model.designs names qk_norm and mla, which cannot be combined"),
+    (dict(designs=["mla", "diff"]), "model.designs names diff and mla, which cannot be combined"),
+    (dict(designs=["mla", "linear"]), "model.designs names linear and mla, which cannot be combined"),
 ])
 def test_what_latent_attention_cannot_have_is_refused_by_name(options, message):
     with pytest.raises(ConfigError, match=message) as caught:

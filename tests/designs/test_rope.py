@@ -12,7 +12,7 @@ TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=61)
 
 
 def test_rope_has_no_wpe_and_keeps_gpt2_names_otherwise():
-    names = set(GPT(GPTConfig(**TINY, pos_embedding="rope")).state_dict())
+    names = set(GPT(GPTConfig(**TINY, designs=["rope"])).state_dict())
     assert names == set(GPT(GPTConfig(**TINY)).state_dict()) - {"transformer.wpe.weight"}
 
 
@@ -39,5 +39,6 @@ def test_scores_depend_only_on_relative_position():
 
 
 def test_an_odd_head_dimension_is_refused():
-    with pytest.raises(ConfigError, match="pos_embedding=rope needs an even head dimension, got n_embd/n_head = 7"):
-        GPTConfig(**{**TINY, "n_embd": 28}, pos_embedding="rope")
+    with pytest.raises(ConfigError, match=r"model.designs=\[rope\] needs an even head dimension, got n_embd/n_head "
+                                          "= 7"):
+        GPTConfig(**{**TINY, "n_embd": 28}, designs=["rope"])

@@ -1,4 +1,5 @@
-"""RoPE scaling (gpt/designs/rope_scaling.py, model.rope_scaling): the frequencies and YaRN's attention factor are
+"""RoPE scaling (gpt/designs/rope_scaling.py, model.design_options.rope.scaling): the frequencies and YaRN's
+attention factor are
 transformers' for the same settings, the model's attention equals the float64 reference past the original length,
 cached decoding equals the full forward there (dynamic NTK refuses the cache), a kind of a layout has its own
 scaling, and each bad setting is one error line."""
@@ -69,7 +70,8 @@ def randomised(settings: dict, seed: int = 0) -> GPT:
 
 @pytest.mark.parametrize("name", SCALINGS)
 def test_attention_equals_the_float64_reference_past_the_original_length(name):
-    model = randomised({"pos_embedding": "rope", "attention": "manual", "rope_scaling": SCALINGS[name]})
+    model = randomised({"designs": ["rope"], "attention": "manual",
+                        "design_options": {"rope": {"scaling": SCALINGS[name]}}})
     x = torch.randn(1, 20, TINY["n_embd"], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     attn, config = model.transformer.h[0].attn, model.config
     with torch.no_grad():
@@ -80,7 +82,7 @@ def test_attention_equals_the_float64_reference_past_the_original_length(name):
     else:
         expected = reference.layer(attn, x, config)
     torch.testing.assert_close(ours.double(), expected, atol=2e-5, rtol=1e-4)
-    plain = randomised({"pos_embedding": "rope", "attention": "manual"})  # the same weights, unscaled
+    plain = randomised({"designs": ["rope"], "attention": "manual"})  # the same weights, unscaled
     unscaled = reference.layer(plain.transformer.h[0].attn, x, plain.config)
     assert (unscaled - expected)[:, 6:].abs().max() > 1e-2  # the scaling changes what comes past the original length
 
@@ -88,7 +90,7 @@ def test_attention_equals_the_float64_reference_past_the_original_length(name):
 def dynamic_reference(attn, x, config):
     """Float64 softmax attention with every q and k rotated at the whole sequence's length (rotate(..., length))."""
     q, k, v = reference.heads(attn, x, config)
-    T, scaling, y = x.size(1), config.rope_scaling, torch.zeros_like(q)
+    T, scaling, y = x.size(1), config.design_options["rope"]["scaling"], torch.zeros_like(q)
     for b, h, kv, i in reference.queries(config, x):
         qi = rotate(q[b, i, h], i, scaling=scaling, length=T)
         s = torch.stack([rotate(k[b, j, kv], j, scaling=scaling, length=T) @ qi for j in range(i + 1)])
@@ -98,7 +100,7 @@ def dynamic_reference(attn, x, config):
 
 @pytest.mark.parametrize("name", STATIC)
 def test_cached_decoding_equals_the_full_forward_past_the_original_length(name):
-    model = randomised({"pos_embedding": "rope", "rope_scaling": SCALINGS[name]})
+    model = randomised({"designs": ["rope"], "design_options": {"rope": {"scaling": SCALINGS[name]}}})
     idx = torch.randint(0, TINY["vocab_size"], (2, 22), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = model(idx)[0]
@@ -108,12 +110,13 @@ def test_cached_decoding_equals_the_full_forward_past_the_original_length(name):
 
 
 def test_dynamic_ntk_refuses_the_cache_in_one_line():
-    model = randomised({"pos_embedding": "rope", "rope_scaling": SCALINGS["dynamic"]})
+    model = randomised({"designs": ["rope"], "design_options": {"rope": {"scaling": SCALINGS["dynamic"]}}})
     with pytest.raises(UserError, match="cannot decode with a KV cache: .*dynamic changes every position's angle") as e:
         model(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(model.config, 1, "cpu"))
     assert "kv_cache=false" in e.value.hint
     assert kv_cache.refusal(model.config) is not None  # training's samples read it and decode without the cache
-    assert kv_cache.refusal(GPTConfig(**TINY, pos_embedding="rope", rope_scaling=SCALINGS["yarn"])) is None
+    yarn = GPTConfig(**TINY, designs=["rope"], design_options={"rope": {"scaling": SCALINGS["yarn"]}})
+    assert kv_cache.refusal(yarn) is None
     from gpt.serve.engine import Engine
     from gpt.tokenizers.tokenizer import CharTokenizer
     with pytest.raises(UserError, match="the server decodes with a KV cache, which this model cannot: .*dynamic"):
@@ -121,9 +124,9 @@ def test_dynamic_ntk_refuses_the_cache_in_one_line():
 
 
 def test_no_scaling_is_todays_model_exactly():
-    plain = randomised({"pos_embedding": "rope"})
-    none = randomised({"pos_embedding": "rope", "rope_scaling": {"rope_type": "none"}})
-    assert none.config.rope_scaling is None
+    plain = randomised({"designs": ["rope"]})
+    none = randomised({"designs": ["rope"], "design_options": {"rope": {"scaling": {"rope_type": "none"}}}})
+    assert none.config.design_options["rope"]["scaling"] is None
     idx = torch.randint(0, TINY["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(plain(idx)[0], none(idx)[0])
@@ -131,10 +134,10 @@ def test_no_scaling_is_todays_model_exactly():
 
 def test_each_kind_of_a_layout_has_its_own_scaling():
     kinds = {"S": {"window": 4, "designs": ["rope"]},
-             "L": {"designs": ["rope"], "options": {"rope": {"base": 100000, "rope_scaling": SCALINGS["yarn"]}}}}
+             "L": {"designs": ["rope"], "options": {"rope": {"base": 100000, "scaling": SCALINGS["yarn"]}}}}
     model = randomised({"n_layer": 4, "layers": "SL", "layer_kinds": kinds})
-    assert model.config.layer(0).rope_scaling is None
-    assert model.config.layer(1).rope_scaling["beta_fast"] == 32.0  # defaults filled in
+    assert model.config.layer(0).design_options["rope"]["scaling"] is None
+    assert model.config.layer(1).design_options["rope"]["scaling"]["beta_fast"] == 32.0  # defaults filled in
     assert model.transformer.h[1].attn.rope_scaling["rope_type"] == "yarn"
     idx = torch.randint(0, TINY["vocab_size"], (1, 20), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -142,12 +145,13 @@ def test_each_kind_of_a_layout_has_its_own_scaling():
         cache = KVCache(model.config, 1, "cpu")
         steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(20)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ConfigError, match="model.rope_scaling is set but the model has no RoPE"):
-        GPTConfig(**{**TINY, "n_layer": 4}, layers="SL", layer_kinds=kinds, rope_scaling=SCALINGS["yarn"])
+    with pytest.raises(ConfigError, match="model.design_options.rope is given but rope is not in model.designs"):
+        GPTConfig(**{**TINY, "n_layer": 4}, layers="SL", layer_kinds=kinds,
+                  design_options={"rope": {"scaling": SCALINGS["yarn"]}})
 
 
 YARN = "rope_type: yarn, factor: 4, original_max_position_embeddings: 64"
-BAD = {  # the model.rope_scaling override -> what its error line says
+BAD = {  # the model.design_options.rope.scaling override -> what its error line says
     "{rope_type: linear, factor: 1, original_max_position_embeddings: 64}": "factor must be a number above 1",
     "{rope_type: linear, factor: 5000, original_max_position_embeddings: 64}": "at most 1024",
     "{rope_type: yarn, factor: 4, original_max_position_embeddings: 4096}": "at most model.block_size (128)",
@@ -163,7 +167,7 @@ BAD = {  # the model.rope_scaling override -> what its error line says
 
 @pytest.mark.parametrize("value", BAD)
 def test_a_bad_scaling_is_one_error_line_before_anything_is_built(value, tmp_path):
-    done = run_inline("train", "model=small", "model.pos_embedding=rope", f"model.rope_scaling={value}",
+    done = run_inline("train", "model=small", "model.designs=[rope]", f"model.design_options.rope.scaling={value}",
                       f"out_dir={tmp_path / 'run'}")
     assert done.returncode == 2 and done.stderr.startswith("error: ") and BAD[value] in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
@@ -174,11 +178,13 @@ def test_a_bad_scaling_is_one_error_line_before_anything_is_built(value, tmp_pat
                                    "original_max_position_embeddings": True}])
 def test_a_checkpoints_damaged_scaling_is_a_config_error(value):
     """A checkpoint's model_config is read through the same checks: odd types get a ConfigError, never a crash."""
-    with pytest.raises(ConfigError, match="model.rope_scaling"):
-        GPTConfig(**TINY, pos_embedding="rope", rope_scaling=value)
+    with pytest.raises(ConfigError, match="model.design_options.rope.scaling"):
+        GPTConfig(**TINY, designs=["rope"], design_options={"rope": {"scaling": value}})
 
 
 def test_scaling_a_model_without_rope_is_refused(tmp_path):
-    done = run_inline("train", "model=small", f"model.rope_scaling={{{YARN}}}", f"out_dir={tmp_path / 'run'}")
-    assert done.returncode == 2 and "model.rope_scaling is set but the model has no RoPE" in done.stderr, done.stderr
+    done = run_inline("train", "model=small", f"model.design_options.rope.scaling={{{YARN}}}",
+                      f"out_dir={tmp_path / 'run'}")
+    assert done.returncode == 2 and "model.design_options.rope is given but rope is not in model.designs" in done.stderr
+    assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") <= 2 and not (tmp_path / "run").exists()

@@ -11,16 +11,17 @@ TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50)
 
 def test_each_adds_only_its_own_parameters():
     base = set(GPT(GPTConfig(**TINY)).state_dict())
-    assert set(GPT(GPTConfig(**TINY, attn_softcap=30.0, attention="manual")).state_dict()) == base
-    norms = set(GPT(GPTConfig(**TINY, qk_norm=True)).state_dict()) - base
+    capped = GPTConfig(**TINY, designs=["softcap"], design_options={"softcap": {"cap": 30.0}}, attention="manual")
+    assert set(GPT(capped).state_dict()) == base
+    norms = set(GPT(GPTConfig(**TINY, designs=["qk_norm"])).state_dict()) - base
     assert norms == {f"transformer.h.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"}
-    sinks = set(GPT(GPTConfig(**TINY, attn_sink=True, attention="manual")).state_dict()) - base
+    sinks = set(GPT(GPTConfig(**TINY, designs=["sink"], attention="manual")).state_dict()) - base
     assert sinks == {"transformer.h.0.attn.sink", "transformer.h.1.attn.sink"}
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(attn_softcap=30.0), "attention=sdpa has no logit soft-capping, but model.attn_softcap=30"),
-    (dict(attn_sink=True), "attention=sdpa has no attention sink logit, but model.attn_sink=true"),
+    (dict(designs=["softcap"]), r"attention=sdpa has no logit soft-capping, but model.designs=\[softcap\]"),
+    (dict(designs=["sink"]), r"attention=sdpa has no attention sink logit, but model.designs=\[sink\]"),
 ])
 def test_a_kernel_that_cannot_compute_one_is_refused_naming_one_that_can(options, message):
     with pytest.raises(ConfigError, match=message) as caught:
@@ -29,11 +30,14 @@ def test_a_kernel_that_cannot_compute_one_is_refused_naming_one_that_can(options
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(attn_softcap=0.0), "model.attn_softcap must be a positive number or null, got 0.0"),
-    (dict(attn_softcap=-5), "model.attn_softcap must be a positive number"),
-    (dict(attn_softcap=float("inf")), "model.attn_softcap must be a positive number"),
-    (dict(qk_norm="yes"), "model.qk_norm must be true or false"),
-    (dict(attn_sink=1), "model.attn_sink must be true or false"),
+    (dict(designs=["softcap"], design_options={"softcap": {"cap": 0.0}}),
+     "model.design_options.softcap.cap must be a positive number, got 0.0"),
+    (dict(designs=["softcap"], design_options={"softcap": {"cap": -5}}), "softcap.cap must be a positive number"),
+    (dict(designs=["softcap"], design_options={"softcap": {"cap": float("inf")}}), "cap must be a positive number"),
+    (dict(designs=["softcap"], design_options={"softcap": {"capp": 2.0}}),
+     "model.design_options.softcap.capp is not a setting of design softcap"),
+    (dict(designs=["qk_norm"], design_options={"softcap": {"cap": 2.0}}),
+     r"model.design_options.softcap is given but softcap is not in model.designs \(\[qk_norm\]\)"),
 ])
 def test_bad_values_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):

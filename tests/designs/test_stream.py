@@ -1,4 +1,5 @@
-"""StreamingLLM's sink tokens (gpt/designs/stream.py, model.sink_tokens): a logit depends on its window and the sink
+"""StreamingLLM's sink tokens (gpt/designs/stream.py, model.design_options.stream.sinks): a logit depends on its
+window and the sink
 tokens only, the cache keeps the sinks apart from its ring, and the runtime choice is refused where meaningless."""
 
 import pytest
@@ -10,7 +11,8 @@ from gpt.errors import ConfigError, UserError
 from gpt.inference.decoding import generate_batch
 from gpt.model.kv_cache import KVCache
 
-TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, window=5, sink_tokens=2)
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, window=5, designs=["stream"],
+            design_options={"stream": {"sinks": 2}})
 
 
 def test_a_logit_depends_on_its_window_and_the_sink_tokens_only():
@@ -40,13 +42,13 @@ def test_the_cache_keeps_the_sinks_apart_from_its_ring():
 
 
 def test_sink_tokens_are_a_runtime_choice_refused_where_they_mean_nothing():
-    plain = GPTConfig(**{**TINY, "sink_tokens": 0})
+    plain = GPTConfig(**{**TINY, "designs": [], "design_options": {}})
     assert plain.shape_differences(GPTConfig(**TINY)) == []  # no parameter: a window model may sample with sinks
+    assert plain.with_runtime_of(GPTConfig(**TINY)) == GPTConfig(**TINY)
     for options, message in ((dict(window=None), "needs a sliding window"),
-                             (dict(sink_tokens=-1), "must be a non-negative integer"),
-                             (dict(pos_embedding="alibi"), "model.pos_embedding=alibi cannot be combined with "
-                                                           "model.sink_tokens=2"),
-                             (dict(mla_latent=8), "model.mla_latent=8 cannot be combined with model.sink_tokens")):
+                             (dict(design_options={"stream": {"sinks": -1}}), "sinks must be a positive integer"),
+                             (dict(designs=["stream", "alibi"]), "names alibi and stream, which cannot be combined"),
+                             (dict(designs=["stream", "mla"]), "names mla and stream, which cannot be combined")):
         with pytest.raises(ConfigError, match=message):
             GPTConfig(**{**TINY, **options})
     with pytest.raises(UserError, match="cannot decode a batch of prompts of different lengths"):

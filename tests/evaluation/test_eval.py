@@ -156,8 +156,8 @@ def test_the_eval_config_composes_with_a_data_group_or_a_folder():
     assert folder.data_dir == "prepared/here" and folder.data is None
 
 
-@pytest.mark.parametrize("settings", [{"pos_embedding": "rope", "n_kv_head": 1, "window": 8},  # Starcoder2
-                                      {"qk_norm": True, "window": 8}])  # remote code
+@pytest.mark.parametrize("settings", [{"designs": ["rope"], "n_kv_head": 1, "window": 8},  # Starcoder2
+                                      {"designs": ["qk_norm"], "window": 8}])  # remote code
 def test_an_export_for_transformers_evaluates_as_its_checkpoint_does(settings, prepared, tmp_path):
     """scripts/eval.py ckpt=<export folder>: the weights and config.json read back (never the modeling file)."""
     from gpt.interop.formats import export

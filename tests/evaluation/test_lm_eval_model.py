@@ -171,7 +171,7 @@ def test_lm_eval_harness_runs_transformers_on_a_remote_code_export(tasks, tmp_pa
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     tokenizer = small_bpe(tmp_path / "tok")
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=48, vocab_size=tokenizer.vocab_size,
-                       pos_embedding="alibi", qk_norm=True)
+                       designs=["alibi", "qk_norm"])
     export = formats.export(randomised(config).state_dict(), config, tokenizer.to_meta(), tmp_path / "hf")
     assert (export / "modeling_gpt_attention.py").is_file()
     theirs = HFLM(pretrained=str(export), trust_remote_code=True, dtype="float32", device="cpu", batch_size=3)

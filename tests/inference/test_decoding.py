@@ -9,9 +9,9 @@ from gpt.model.kv_cache import KVCache
 
 OPTIONS = {
     "gpt2": {},
-    "gqa+rope": {"n_kv_head": 2, "pos_embedding": "rope"},
+    "gqa+rope": {"n_kv_head": 2, "designs": ["rope"]},
     "mqa+window": {"n_kv_head": 1, "window": 5},  # the ring of 5 slots wraps twice in 16 positions
-    "window+rope": {"window": 4, "pos_embedding": "rope"},
+    "window+rope": {"window": 4, "designs": ["rope"]},
 }
 KERNELS = ["manual", "einsum", "heads", "sdpa", "flex"]
 

@@ -8,7 +8,7 @@ from gpt import GPT, GPTConfig
 from gpt.inference.visualize import attention_maps
 from gpt.kernels.recording import record_attention
 
-OPTIONS = [{}, {"n_kv_head": 2, "window": 3, "pos_embedding": "rope"}]
+OPTIONS = [{}, {"n_kv_head": 2, "window": 3, "designs": ["rope"]}]
 
 
 @pytest.mark.parametrize("kernel", ["manual", "sdpa", "heads"])

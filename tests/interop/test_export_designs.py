@@ -25,19 +25,20 @@ TOKENIZER = CharTokenizer([chr(97 + i) for i in range(40)]).to_meta()
 # (settings, the target format=hf picks): every built-in design by its arena preset, and the standard matches
 CASES = {
     "gpt2": ({}, "gpt2"),
-    "rope+gqa+window": ({"pos_embedding": "rope", "n_kv_head": 2, "window": 5}, "starcoder2"),
-    "rope+relu2+untied+no_bias": ({"pos_embedding": "rope", "activation": "relu2", "tie_head": False,
+    "rope+gqa+window": ({"designs": ["rope"], "n_kv_head": 2, "window": 5}, "starcoder2"),
+    "rope+relu2+untied+no_bias": ({"designs": ["rope"], "activation": "relu2", "tie_head": False,
                                    "bias": False}, "starcoder2"),
     "gqa+window (no design)": ({"n_kv_head": 1, "window": 6}, "remote"),
     **{name: (registry.get(name).on_preset(), "starcoder2" if name == "rope" else "remote")
        for name in registry.BUILTIN},
-    "alibi+qk_norm+softcap+sink": ({"pos_embedding": "alibi", "qk_norm": True, "attn_softcap": 3.0, "attn_sink": True,
+    "alibi+qk_norm+softcap+sink": ({"designs": ["alibi", "qk_norm", "softcap", "sink"],
+                                    "design_options": {"softcap": {"cap": 3.0}},
                                     "n_kv_head": 2, "attention": "manual"}, "remote"),
-    "diff+rope+qk_norm+mqa": ({"diff_attn": True, "pos_embedding": "rope", "qk_norm": True, "n_kv_head": 1}, "remote"),
-    "rmsnorm+rope+gqa (Starcoder2 has LayerNorm)": ({"norm": "rmsnorm", "pos_embedding": "rope", "n_kv_head": 2},
+    "diff+rope+qk_norm+mqa": ({"designs": ["diff", "rope", "qk_norm"], "n_kv_head": 1}, "remote"),
+    "rmsnorm+rope+gqa (Starcoder2 has LayerNorm)": ({"norm": "rmsnorm", "designs": ["rope"], "n_kv_head": 2},
                                                     "remote"),
-    "gated+rope+qk_norm+rmsnorm (Qwen3-Next's attention)": ({"designs": ["gated"], "pos_embedding": "rope",
-                                                              "qk_norm": True, "norm": "rmsnorm", "bias": False,
+    "gated+rope+qk_norm+rmsnorm (Qwen3-Next's attention)": ({"designs": ["gated", "rope", "qk_norm"],
+                                                              "norm": "rmsnorm", "bias": False,
                                                               "n_kv_head": 2}, "remote"),
 }
 
@@ -100,7 +101,7 @@ def test_every_design_opens_in_transformers_with_the_same_logits(case, tmp_path)
 
 
 def test_reading_an_export_never_runs_its_modeling_file(tmp_path):
-    model = randomised({"qk_norm": True, "attn_sink": True, "attention": "manual"})
+    model = randomised({"designs": ["qk_norm", "sink"], "attention": "manual"})
     out = formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
     marker = tmp_path / "ran"
     for name in (hf_targets.MODELING, "design_qk_norm.py", "design_sink.py"):
@@ -136,7 +137,7 @@ def test_a_users_design_exports_from_the_modeling_file_it_registers(tmp_path):
     design = HalfScale()
     registry.register(design)
     try:
-        model = randomised({"designs": ["halfscale"], "pos_embedding": "rope"})
+        model = randomised({"designs": ["halfscale", "rope"]})
         with pytest.raises(UserError, match=r"model.designs=\[halfscale\] cannot be exported for transformers: .* "
                                             r"registers no modeling source") as err:
             formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "refused")
@@ -156,7 +157,7 @@ def test_the_export_says_which_path_it_took(tmp_path, capsys):
     from gpt.weights import checkpoint
     from gpt.weights.export import ExportConfig, run
 
-    for name, settings, said in (("sc2", {"pos_embedding": "rope", "n_kv_head": 2, "window": 4},
+    for name, settings, said in (("sc2", {"designs": ["rope"], "n_kv_head": 2, "window": 4},
                                   "Starcoder2ForCausalLM (standard architecture)"),
                                  ("remote", {"window": 4}, "remote code: modeling_gpt_attention.py")):
         config = GPTConfig(**{**TINY, **settings})
@@ -175,34 +176,35 @@ SCALINGS = {"linear": {"rope_type": "linear", "factor": 4.0, "original_max_posit
 
 @pytest.mark.parametrize("name", SCALINGS)
 def test_a_scaled_rope_opens_in_transformers_with_the_same_logits_past_the_original_length(name, tmp_path):
-    """Starcoder2 carries model.rope_scaling in rope_parameters: every position of a 24-token input (4x the
-    original 6) gives this project's logits (the bound is the issue's 1e-4; measured below 1e-5)."""
-    model = randomised({"pos_embedding": "rope", "n_kv_head": 2, "rope_scaling": SCALINGS[name]})
+    """Starcoder2 carries model.design_options.rope.scaling in rope_parameters: every position of a 24-token input
+    (4x the original 6) gives this project's logits (the bound is the issue's 1e-4; measured below 1e-5)."""
+    model = randomised({"designs": ["rope"], "n_kv_head": 2, "design_options": {"rope": {"scaling": SCALINGS[name]}}})
     out = formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
     opened_model = opened(out)
     assert type(opened_model).__name__ == "Starcoder2ForCausalLM"
     assert opened_model.config.rope_parameters["rope_type"] == name
     idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]), generator=torch.Generator().manual_seed(1))
     assert largest_difference(model, opened_model, idx) <= 1e-5
-    unscaled = randomised({"pos_embedding": "rope", "n_kv_head": 2})  # the same weights: the scaling is what differs
+    unscaled = randomised({"designs": ["rope"], "n_kv_head": 2})  # the same weights: the scaling is what differs
     assert largest_difference(unscaled, opened_model, idx) > 1e-2
     config, _, _ = pretrained.load_weights(out)
     assert config == model.config
 
 
 def test_a_scaling_only_starcoder2_holds_is_refused_elsewhere_in_one_line(tmp_path):
-    model = randomised({"pos_embedding": "rope", "qk_norm": True, "rope_scaling": SCALINGS["yarn"]})
-    with pytest.raises(UserError, match=r"model.rope_scaling \(yarn\) cannot be exported for transformers here: "
-                                        r"only Starcoder2 .* carries it, and the remote-code export does not"):
+    model = randomised({"designs": ["rope", "qk_norm"], "design_options": {"rope": {"scaling": SCALINGS["yarn"]}}})
+    with pytest.raises(UserError, match=r"model.design_options.rope.scaling \(yarn\) cannot be exported for "
+                                        r"transformers here: only Starcoder2 .* carries it, and the remote-code "
+                                        r"export does not"):
         formats.export(model.state_dict(), model.config, TOKENIZER, tmp_path / "exp")
     assert not (tmp_path / "exp").exists()
     kinds = {"S": {"window": 4, "designs": ["rope"]},
-             "L": {"designs": ["rope"], "options": {"rope": {"rope_scaling": SCALINGS["linear"]}}}}
+             "L": {"designs": ["rope"], "options": {"rope": {"scaling": SCALINGS["linear"]}}}}
     layout = randomised({"layers": "SL", "layer_kinds": kinds})
-    with pytest.raises(UserError, match=r"model.layer_kinds.L's rope_scaling \(linear\) cannot be exported"):
+    with pytest.raises(UserError, match=r"model.layer_kinds.L.options.rope.scaling \(linear\) cannot be exported"):
         formats.export(layout.state_dict(), layout.config, TOKENIZER, tmp_path / "exp")
     assert not (tmp_path / "exp").exists()
-    plain = randomised({"pos_embedding": "rope", "rope_scaling": SCALINGS["linear"]})
+    plain = randomised({"designs": ["rope"], "design_options": {"rope": {"scaling": SCALINGS["linear"]}}})
     pytest.importorskip("gguf")
-    with pytest.raises(UserError, match=r"format=gguf cannot hold model.rope_scaling \(linear\)"):
+    with pytest.raises(UserError, match=r"format=gguf cannot hold model.design_options.rope.scaling \(linear\)"):
         formats.export(plain.state_dict(), plain.config, TOKENIZER, tmp_path / "g", format="gguf")

@@ -24,7 +24,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pi
 
 CHARS = CharTokenizer([chr(c) for c in range(32, 127)] + ["\n"])  # 96 one-byte characters
 TINY = dict(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=CHARS.vocab_size)  # rows of 64: Q8_0 blocks
-ARCHS = {"gpt2": {}, "starcoder2": {"pos_embedding": "rope", "n_kv_head": 2}}
+ARCHS = {"gpt2": {}, "starcoder2": {"designs": ["rope"], "n_kv_head": 2}}
 
 
 def randomised(settings: dict) -> GPT:
@@ -99,11 +99,11 @@ def test_a_trained_bpe_travels_inside_the_gguf(tmp_path):
 
 
 @pytest.mark.parametrize("settings, says", [
-    ({"pos_embedding": "rope", "n_kv_head": 2, "window": 8}, "cannot hold model.window=8"),
-    ({"pos_embedding": "alibi"}, "llama.cpp has no architecture with design model.pos_embedding=alibi"),
-    ({"activation": "relu2", "tie_head": False, "pos_embedding": "rope"}, "cannot hold model.activation=relu2"),
-    ({"qk_norm": True}, "llama.cpp has no architecture with design model.qk_norm=true"),
-    ({"norm": "rmsnorm", "pos_embedding": "rope"}, "cannot hold model.norm=rmsnorm: llama.cpp's gpt2 and starcoder2"),
+    ({"designs": ["rope"], "n_kv_head": 2, "window": 8}, "cannot hold model.window=8"),
+    ({"designs": ["alibi"]}, r"llama.cpp has no architecture with design model.designs=\[alibi\]"),
+    ({"activation": "relu2", "tie_head": False, "designs": ["rope"]}, "cannot hold model.activation=relu2"),
+    ({"designs": ["qk_norm"]}, r"llama.cpp has no architecture with design model.designs=\[qk_norm\]"),
+    ({"norm": "rmsnorm", "designs": ["rope"]}, "cannot hold model.norm=rmsnorm: llama.cpp's gpt2 and starcoder2"),
 ])
 def test_what_llama_cpp_cannot_run_is_refused_in_one_line(settings, says, tmp_path):
     model = randomised(settings)
@@ -119,7 +119,7 @@ def test_characters_wider_than_a_byte_travel_as_sentencepiece_pieces(tmp_path):
     from tokenizers import pre_tokenizers
 
     chars = CharTokenizer(list("\n\t !\"#(),.:=_0123456789abcdefghijklmnopqrstuvwxyzC°±µÀéü✓"))
-    model = randomised({"vocab_size": chars.vocab_size, "pos_embedding": "rope", "n_kv_head": 2})
+    model = randomised({"vocab_size": chars.vocab_size, "designs": ["rope"], "n_kv_head": 2})
     path = formats.export(model.state_dict(), model.config, chars.to_meta(), tmp_path, format="gguf",
                              gguf_type="f32")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)

@@ -266,16 +266,16 @@ def test_export_then_import_is_lossless(tmp_path, fmt, bias):
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize("option, value", [("pos_embedding", "rope"), ("n_kv_head", 1), ("window", 4),
-                                           ("diff_attn", True), ("linear_attn", "elu1"), ("mla_latent", 8),
+@pytest.mark.parametrize("option, value", [("designs", ["rope"]), ("n_kv_head", 1), ("window", 4),
+                                           ("designs", ["diff"]), ("designs", ["linear"]), ("designs", ["mla"]),
                                            ("activation", "relu2"), ("activation", "gelu"), ("tie_head", False),
                                            ("norm", "rmsnorm")])
 def test_what_gpt2_cannot_hold_exports_to_another_target_and_natively(tmp_path, option, value):
     """GPT-2's layout refuses it by name; format=hf picks Starcoder2 or remote code (test_export_designs.py)."""
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size, **{option: value})
     model = randomised(config)
-    with pytest.raises(UserError, match=f"model.{option}={str(value).lower()} cannot be exported in the Hugging "
-                                        "Face GPT-2 layout"):
+    setting = f"model.designs=\\[{value[0]}\\]" if option == "designs" else f"model.{option}={str(value).lower()}"
+    with pytest.raises(UserError, match=f"{setting} cannot be exported in the Hugging Face GPT-2 layout"):
         hf.check_representable(config)
     assert hf_targets.choose(config) in ("starcoder2", "remote")
     out = formats.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp", format="native")

@@ -39,7 +39,8 @@ def test_role_scores_read_the_previous_the_duplicate_and_the_next_token():
     assert scores["induction"].tolist() == [1.0, 1.0] and scores["duplicate_token"].tolist() == [0.0, 0.0]
 
 
-@pytest.mark.parametrize("settings", [{}, {"pos_embedding": "rope"}, {"diff_attn": True}, {"mla_latent": 12}])
+@pytest.mark.parametrize("settings", [{}, {"designs": ["rope"]}, {"designs": ["diff"]},
+                                      {"designs": ["mla"], "design_options": {"mla": {"latent": 12}}}])
 def test_direct_attribution_sums_to_the_next_tokens_centred_logit(settings):
     m = model(**settings)
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))

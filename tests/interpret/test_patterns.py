@@ -95,7 +95,7 @@ def test_a_written_pattern_is_what_the_layer_computes_from(design, settings, ker
 
 
 def test_a_layer_without_a_kernel_shows_its_pattern_read_only():
-    model = perturbed_model(dict(TINY, linear_attn="elu1"))
+    model = perturbed_model(dict(TINY, designs=["linear"]))
     with pytest.raises(UserError, match="forms no softmax scores"):
         run_with_cache(model, torch.arange(5), ["blocks.0.attn.hook_attn_scores"])
     with pytest.raises(UserError, match="can be read, not written"), hooks(

@@ -22,8 +22,9 @@ def test_lists_every_kernel_with_what_runs_on_cpu(capsys):
     for name in ("manual", "einsum", "heads"):  # the score variants: where the kernel forms the scores itself
         assert all(table[name][c] == "yes" for c in ("softcap", "bias", "sink")), name
     assert (table["sdpa"]["softcap"], table["sdpa"]["bias"], table["sdpa"]["sink"]) == ("no", "yes", "no")
-    assert "model.attn_softcap" in out and "model.pos_embedding=alibi" in out and "model.qk_norm" in out
-    assert "model.diff_attn" in out and "model.linear_attn" in out and "model.mla_latent" in out
+    for name in ("softcap", "alibi", "qk_norm", "diff", "linear", "mla"):
+        assert f"model.designs=[{name}]" in out, name
+    assert "cap=15.0" in out and "latent=32 rope_dim=null" in out  # each design's settings with their defaults
     sdpa_backends = out.split("sdpa")[1].splitlines()[0]
     assert "math" in sdpa_backends and "efficient" not in sdpa_backends  # the efficient kernel is CUDA-only
 

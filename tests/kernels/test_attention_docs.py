@@ -32,9 +32,9 @@ def test_the_doc_runs_and_its_numbers_hold(capsys):
         assert printed in out and f"# {printed}" in text, name  # printed as the doc says it is
     assert "76.6% of the 128x128 blocks are skipped" in out
     assert "torch.Size([96, 32]) torch.Size([48, 32])" in out
-    assert "[0.2, 0.3555]\n48\n" in out  # diff_attn: lambda_init per layer, 3 x head_dim parameters per layer
-    assert "1152 1152\n" in out  # linear_attn: the decode state does not grow
-    assert "160 512\n" in out  # mla_latent: (d_c + d_R) x layers x 4 bytes per token against 2 x n_head x D x ...
+    assert "[0.2, 0.3555]\n48\n" in out  # diff: lambda_init per layer, 3 x head_dim parameters per layer
+    assert "1152 1152\n" in out  # linear: the decode state does not grow
+    assert "160 512\n" in out  # mla: (d_c + d_R) x layers x 4 bytes per token against 2 x n_head x D x ...
 
 
 def test_the_kernel_table_lists_every_kernel():

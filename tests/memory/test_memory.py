@@ -16,7 +16,7 @@ from gpt.train.config import TrainConfig
 from gpt.train.distributed import Ranks
 
 SMALL = dict(n_layer=3, n_head=4, n_embd=64, block_size=64, vocab_size=128)
-GQA_ROPE = dict(n_layer=3, n_head=4, n_embd=64, block_size=64, vocab_size=65, n_kv_head=2, pos_embedding="rope")
+GQA_ROPE = dict(n_layer=3, n_head=4, n_embd=64, block_size=64, vocab_size=65, n_kv_head=2, designs=["rope"])
 CASES = {  # sizes, batch, precision, activation checkpointing
     "fp32, activations dominate": (SMALL, 8, "fp32", False),
     "fp32, checkpointed": (SMALL, 8, "fp32", True),
@@ -24,17 +24,19 @@ CASES = {  # sizes, batch, precision, activation checkpointing
     "bf16 autocast, checkpointed": (SMALL, 8, "bf16", True),
     "AdamW state dominates (batch 1)": (dict(n_layer=6, n_head=6, n_embd=192, block_size=64, vocab_size=512), 1,
                                         "fp32", False),
-    "manual attention keeps T x T scores": ({**GQA_ROPE, "n_kv_head": None, "pos_embedding": "learned",
+    "manual attention keeps T x T scores": ({**GQA_ROPE, "n_kv_head": None, "designs": [],
                                              "attention": "manual"}, 8, "fp32", False),
     "rope and grouped-query attention": (GQA_ROPE, 8, "fp32", False),
-    "linear attention's own T x T weights": ({**SMALL, "block_size": 128, "linear_attn": "elu1"}, 8, "fp32", False),
-    "linear attention, grouped, bf16": ({**SMALL, "linear_attn": "elu1", "n_kv_head": 2}, 8, "bf16", False),
-    "diff attention on SDPA's math backend": ({**SMALL, "block_size": 128, "diff_attn": True}, 8, "fp32", False),
-    "diff attention, bf16 (float32 maps)": ({**SMALL, "diff_attn": True}, 8, "bf16", False),
-    "diff attention, manual kernel": ({**SMALL, "diff_attn": True, "attention": "manual"}, 8, "fp32", False),
-    "MLA on SDPA's math backend": ({**SMALL, "block_size": 128, "mla_latent": 32}, 8, "fp32", False),
-    "MLA, bf16 (float32 q, k, v, maps)": ({**SMALL, "block_size": 128, "mla_latent": 16, "mla_rope_dim": 16}, 8,
-                                          "bf16", False),
+    "linear attention's own T x T weights": ({**SMALL, "block_size": 128, "designs": ["linear"]}, 8, "fp32", False),
+    "linear attention, grouped, bf16": ({**SMALL, "designs": ["linear"], "n_kv_head": 2}, 8, "bf16", False),
+    "diff attention on SDPA's math backend": ({**SMALL, "block_size": 128, "designs": ["diff"]}, 8, "fp32", False),
+    "diff attention, bf16 (float32 maps)": ({**SMALL, "designs": ["diff"]}, 8, "bf16", False),
+    "diff attention, manual kernel": ({**SMALL, "designs": ["diff"], "attention": "manual"}, 8, "fp32", False),
+    "MLA on SDPA's math backend": ({**SMALL, "block_size": 128, "designs": ["mla"],
+                                    "design_options": {"mla": {"latent": 32}}}, 8, "fp32", False),
+    "MLA, bf16 (float32 q, k, v, maps)": ({**SMALL, "block_size": 128, "designs": ["mla"],
+                                           "design_options": {"mla": {"latent": 16, "rope_dim": 16}}}, 8, "bf16",
+                                          False),
     "RMSNorm blocks": ({**SMALL, "norm": "rmsnorm"}, 8, "fp32", False),
     "RMSNorm blocks, bf16": ({**SMALL, "norm": "rmsnorm"}, 8, "bf16", False),
     "gated attention, bf16": ({**SMALL, "designs": ["gated"]}, 8, "bf16", False),

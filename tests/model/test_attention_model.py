@@ -14,8 +14,8 @@ from gpt.inference.decoding import generate
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=61)
 OPTIONS = {
     "gpt2": {},
-    "gqa-window-rope": dict(n_kv_head=2, window=5, pos_embedding="rope"),
-    "mqa-rope": dict(n_kv_head=1, pos_embedding="rope"),
+    "gqa-window-rope": dict(n_kv_head=2, window=5, designs=["rope"]),
+    "mqa-rope": dict(n_kv_head=1, designs=["rope"]),
     "window-learned": dict(window=3),
 }
 
@@ -107,7 +107,7 @@ def test_a_window_hides_tokens_that_fell_out_of_it():
 
 def test_rope_model_generates_and_its_later_tokens_do_not_leak():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, pos_embedding="rope", n_kv_head=2)).eval()
+    model = GPT(GPTConfig(**TINY, designs=["rope"], n_kv_head=2)).eval()
     out = generate(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=20, top_k=5)
     assert out.shape == (1, 23)
 
@@ -117,13 +117,16 @@ def test_new_config_fields_are_validated_and_old_checkpoints_load():
         GPTConfig(**TINY, n_kv_head=3)
     with pytest.raises(ConfigError, match="model.window must be a positive integer"):
         GPTConfig(**TINY, window=0)
-    with pytest.raises(ConfigError, match="pos_embedding must be one of learned, rope, alibi"):
-        GPTConfig(**TINY, pos_embedding="sinusoidal")
+    with pytest.raises(ConfigError, match="attention design 'sinusoidal' is not available"):
+        GPTConfig(**TINY, designs=["sinusoidal"])
     with pytest.raises(ConfigError, match="only attention=sdpa has backends"):
         GPTConfig(**TINY, attention="manual", attention_backend="flash")
     old = dict(TINY, dropout=0.0, bias=True, attention="sdpa")  # a checkpoint from before these fields
     config = GPTConfig.from_dict(old)
-    assert (config.n_kv_head, config.window, config.pos_embedding) == (4, None, "learned")
+    assert (config.n_kv_head, config.window, config.designs) == (4, None, [])
+    old = dict(TINY, pos_embedding="rope", qk_norm=True, attn_softcap=30.0, attention="manual")  # flat fields
+    config = GPTConfig.from_dict(old)
+    assert (config.designs, config.design_options["softcap"]) == (["qk_norm", "rope", "softcap"], {"cap": 30.0})
 
 
 # A future token never changes a past output: for every kernel, under every option.

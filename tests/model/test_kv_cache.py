@@ -9,9 +9,9 @@ from gpt.model.kv_cache import KVCache
 
 OPTIONS = {
     "gpt2": {},
-    "gqa+rope": {"n_kv_head": 2, "pos_embedding": "rope"},
+    "gqa+rope": {"n_kv_head": 2, "designs": ["rope"]},
     "mqa+window": {"n_kv_head": 1, "window": 5},
-    "window+rope": {"window": 4, "pos_embedding": "rope"},
+    "window+rope": {"window": 4, "designs": ["rope"]},
 }
 
 
@@ -79,7 +79,7 @@ def test_prompt_longer_than_block_size_and_long_generation_do_not_crash():
 
 
 def test_sampling_with_cache_is_reproducible_and_matches_recompute_for_a_seed():
-    model = sharp_model(pos_embedding="rope")
+    model = sharp_model(designs=["rope"])
     prompt = torch.tensor([[3, 4]])
     runs = [generate(model, prompt, 20, top_p=0.9, kv_cache=kv, generator=torch.Generator().manual_seed(5))
             for kv in (True, True, False)]

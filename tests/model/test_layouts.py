@@ -47,15 +47,15 @@ def test_a_pattern_tiles_over_the_depth_and_each_kind_is_a_config_of_its_own():
     config = layout(LOCAL_GLOBAL, n_layer=12)
     assert [config.kind_of(i) for i in range(12)] == list("SSSSSL" * 2)
     local, wide = config.layer(0), config.layer(5)
-    assert (local.window, local.pos_embedding, wide.window, wide.pos_embedding) == (8, "rope", None, "rope")
-    assert local.kind_options == {"rope": {"base": 10000.0}} and wide.kind_options == {"rope": {"base": 1000000}}
+    assert (local.window, local.designs, wide.window, wide.designs) == (8, ["rope"], None, ["rope"])
+    assert local.design_options["rope"]["base"] == 10000.0 and wide.design_options["rope"]["base"] == 1000000
     assert config.layer(6) is local and config.window is None  # one config per kind; the model's own untouched
     nope = layout(NOPE_EVERY_4TH)
-    assert [nope.layer(i).pos_embedding for i in range(4)] == ["rope", "rope", "rope", "learned"]
+    assert [nope.layer(i).designs for i in range(4)] == [["rope"], ["rope"], ["rope"], []]
 
 
 def test_a_uniform_model_is_the_one_kind_case_with_the_same_names_and_numbers():
-    config = GPTConfig(**TINY, n_layer=2, pos_embedding="rope")
+    config = GPTConfig(**TINY, n_layer=2, designs=["rope"])
     assert config.kinds() == {None: config} and config.layer(1) is config
     assert config.to_dict()["layers"] is None and config.to_dict()["layer_kinds"] is None
     one_kind = layout({"n_layer": 2, "layers": "R", "layer_kinds": {"R": {"designs": ["rope"]}}})
@@ -106,7 +106,7 @@ def test_the_planner_computes_the_bytes_a_filled_cache_holds_and_a_5_to_1_layout
     shape = dict(n_layer=6, n_head=4, n_embd=64, block_size=4096, vocab_size=64)
     five_to_one = GPTConfig(**shape, layers="SSSSSL", layer_kinds={"S": {"window": 512, "designs": ["rope"]},
                                                                    "L": {"designs": ["rope"]}})
-    uniform = GPTConfig(**shape, pos_embedding="rope")
+    uniform = GPTConfig(**shape, designs=["rope"])
     measured = {}
     for name, config in (("layout", five_to_one), ("uniform", uniform)):
         model, cache = GPT(config).eval(), KVCache(config, 1, "cpu")
@@ -129,8 +129,8 @@ def test_the_planner_computes_the_bytes_a_filled_cache_holds_and_a_5_to_1_layout
 def test_flops_and_activations_add_up_each_layer_of_its_kind():
     config = layout(LOCAL_GLOBAL, n_layer=6, layers="SL", layer_kinds={
         "S": {"window": 8}, "L": {"designs": ["qk_norm", "rope"]}})
-    uniform_s, uniform_l = GPTConfig(**TINY, n_layer=6, window=8), GPTConfig(**TINY, n_layer=6, qk_norm=True,
-                                                                               pos_embedding="rope")
+    uniform_s, uniform_l = GPTConfig(**TINY, n_layer=6, window=8), GPTConfig(**TINY, n_layer=6,
+                                                                               designs=["qk_norm", "rope"])
     assert flops.per_token(config) * 2 == flops.per_token(uniform_s) + flops.per_token(uniform_l)
     act = [memory.activations(c, 2, 32, 2, False) for c in (config, uniform_s, uniform_l)]
     assert act[0] * 2 == act[1] + act[2]
@@ -161,10 +161,11 @@ BAD = {
     "kinds without a legend": (dict(layer_kinds=None), r"needs model.layer_kinds"),
     "a legend without layers": (dict(layers=None), r"model.layer_kinds is set but model.layers is not"),
     "conflicting designs": (dict(layer_kinds={"S": {"designs": ["rope", "linear"]}, "L": {}}),
-                            r"model.layer_kinds.S \(designs \[rope,linear\]\): model.pos_embedding=rope cannot be "
-                            r"combined with model.linear_attn=elu1"),
+                            r"model.layer_kinds.S \(designs \[rope,linear\]\): model.designs names rope and "
+                            r"linear, which cannot be combined"),
     "two position schemes": (dict(layer_kinds={"S": {"designs": ["rope", "alibi"]}, "L": {}}),
-                             r"model.layer_kinds.S.designs names rope and alibi, which both set model.pos_embedding"),
+                             r"model.layer_kinds.S \(designs \[rope,alibi\]\): model.designs names rope and alibi, "
+                             r"which cannot be combined: each encodes the positions its own way"),
     "an unknown design": (dict(layer_kinds={"S": {"designs": ["nope"]}, "L": {}}), r"attention design 'nope' is not "
                                                                                    r"available"),
     "a kernel that cannot compute a kind": (dict(attention="sdpa", layer_kinds={"S": {"designs": ["softcap"]},
@@ -222,7 +223,7 @@ def test_the_docs_commands_compose_and_the_planner_prints_the_lines_the_docs_sho
         config = run.model.build(65)
         assert config.layers in ("SSSSSL", "RRRN", "DDDG", "TTTR") and len(config.kinds()) == 2
         if config.layers == "DDDG":
-            assert config.layer(0).design_options["delta_chunk"] == 32 and config.design_options == {}
+            assert config.layer(0).design_options["deltanet"]["chunk"] == 32 and config.design_options == {}
     text = (ROOT / "docs" / "layouts.md").read_text()
     plans = doc_commands("python -m gpt.memory")
     assert len(plans) == 2

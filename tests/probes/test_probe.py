@@ -36,7 +36,7 @@ def test_each_design_gets_its_fields_the_tasks_context_and_vocabulary():
                                                                ("mqar@4", "linear", 1)]
     assert len(cells) == 3 * 3 * 2
     by = {(c.task, c.design): c.model for c in cells}
-    assert by["mqar@4", "linear"].linear_attn == "elu1" and by["mqar@4", "window"].window == 16
+    assert by["mqar@4", "linear"].designs == ["linear"] and by["mqar@4", "window"].window == 16
     assert by["mqar@4", "gpt2"].n_embd == 64 and by["mqar@4", "gpt2"].vocab_size == 1024
     assert by["passkey", "gpt2"].block_size == 8 * 64  # scored up to 8x the training context
 

@@ -23,7 +23,8 @@ CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 ():.,=+-*\n")
 BASE = dict(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=len(CHARS) + 3)  # padded past the tokenizer's
 
 CASES = {"gpt2": {}, "window": {"window": 6}, "gqa": {"n_kv_head": 2}} | {
-    f"{name}:{case}": settings | ({"attention": "manual"} if {"attn_softcap", "attn_sink"} & set(settings) else {})
+    f"{name}:{case}": settings | ({"attention": "manual"} if {"softcap", "sink"} & set(settings.get("designs", []))
+                                 else {})
     for name in available() for case, settings in get(name).cases.items()}  # a kernel that forms the scores
 CASES |= {  # per-layer layouts (docs/layouts.md): a window ring beside a global layer, two RoPE bases; NoPE; DeltaNet
     "layout:local-global": {"layers": "SL", "layer_kinds": {"S": {"window": 6, "designs": ["rope"]},
@@ -156,7 +157,7 @@ class _OwnKV(LayerKV):
 
 
 def test_a_cache_kind_the_pool_does_not_know_decodes_each_sequence_in_its_own_cache(monkeypatch):
-    model, tokenizer = model_for({"pos_embedding": "rope"}, 1), CharTokenizer(CHARS)
+    model, tokenizer = model_for({"designs": ["rope"]}, 1), CharTokenizer(CHARS)
     rope = next(d for d in active(model.config) if d.name == "rope")
     monkeypatch.setattr(type(rope), "cache", _OwnKV)
     engine = Engine(model, tokenizer, max_batch=3, max_queue=8).start()

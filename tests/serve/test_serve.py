@@ -44,9 +44,10 @@ def small_shape() -> dict:
 
 DESIGNS = {  # name -> model config; "small" is the default run's shape, the others attention designs beside GPT-2's
     "small": small_shape(),
-    "mla": dict(n_layer=2, n_head=4, n_embd=32, block_size=40, mla_latent=16),
-    "stream": dict(n_layer=2, n_head=2, n_embd=32, block_size=40, window=8, sink_tokens=2, pos_embedding="rope"),
-    "linear": dict(n_layer=2, n_head=2, n_embd=32, block_size=40, linear_attn="elu1"),
+    "mla": dict(n_layer=2, n_head=4, n_embd=32, block_size=40, designs=["mla"], design_options={"mla": {"latent": 16}}),
+    "stream": dict(n_layer=2, n_head=2, n_embd=32, block_size=40, window=8, designs=["stream", "rope"],
+                   design_options={"stream": {"sinks": 2}}),
+    "linear": dict(n_layer=2, n_head=2, n_embd=32, block_size=40, designs=["linear"]),
 }
 
 

@@ -63,7 +63,7 @@ def test_page_streams_tokens_and_draws_a_tokens_attention(browser, tmp_path):
             wait.until(lambda b, i=i: "60 tokens (length)" in status(b, i))
             assert len(browser.find_elements(By.CSS_SELECTOR, pane[i] + " .tok")) == 69
         assert browser.find_element(By.CSS_SELECTOR, pane[1] + " .about").text.endswith(
-            "window=8, sink_tokens=2, pos_embedding=rope (designs: rope, stream)")
+            "window=8, stream.sinks=2 (designs: rope, stream)")
         for i, position in ((0, 20), (1, 50)):
             browser.find_elements(By.CSS_SELECTOR, pane[i] + " .tok")[position].click()
             canvas = pane[i] + " canvas.grid"

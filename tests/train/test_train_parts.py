@@ -88,7 +88,7 @@ def test_first_signal_asks_to_stop_a_repeat_is_the_same_request_a_later_one_exit
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-@pytest.mark.parametrize("options", [{}, {"n_kv_head": 2, "pos_embedding": "rope", "window": 4}],
+@pytest.mark.parametrize("options", [{}, {"n_kv_head": 2, "designs": ["rope"], "window": 4}],
                          ids=["gpt2", "gqa-rope-window"])
 def test_attention_maps_are_causal_distributions_that_reproduce_the_layer_output(options):
     torch.manual_seed(0)

@@ -171,7 +171,8 @@ class Kind:
 def kinds_of(config) -> tuple[dict, list]:
     """Each kind by name, and each layer's kind name (a layout's, or one kind for a uniform model)."""
     if not config.kinds:
-        return {None: Kind(config.model_config, config.designs)}, [None] * config.model_config["n_layer"]
+        mc = config.model_config
+        return {None: Kind(mc, config.designs, mc.get("design_options"))}, [None] * mc["n_layer"]
     kinds = {name: Kind(k["model_config"], k["designs"], k.get("options")) for name, k in config.kinds.items()}
     return kinds, list(config.layer_kinds)
 

@@ -16,7 +16,7 @@ class Part:
         C, H, Hk, D = mc["n_embd"], mc["n_head"], layer.n_kv_head, layer.head_dim
         width = (2 * Hk + H) * D
         layer.c_attn = nn.Linear(C, width, bias=mc["bias"])
-        layer.conv = nn.Conv1d(width, width, mc["design_options"]["delta_conv"], groups=width, bias=False)
+        layer.conv = nn.Conv1d(width, width, mc["design_options"]["deltanet"]["conv"], groups=width, bias=False)
         layer.c_gate = nn.Linear(C, C, bias=mc["bias"])
         layer.c_beta = nn.Linear(C, H, bias=mc["bias"])
         layer.c_decay = nn.Linear(C, H, bias=mc["bias"])

@@ -33,7 +33,8 @@ def angles_for(ctx, width, key="rope"):
 
 class Part:
     def add_projections(self, layer, mc):
-        C, heads, d_c, d_r = mc["n_embd"], mc["n_embd"], mc["mla_latent"], mc["mla_rope_dim"]
+        C, heads = mc["n_embd"], mc["n_embd"]
+        d_c, d_r = mc["design_options"]["mla"]["latent"], mc["design_options"]["mla"]["rope_dim"]
         layer.rope_dim = d_r
         layer.query = nn.Linear(C, heads, bias=mc["bias"])
         layer.q_rope = nn.Linear(C, mc["n_head"] * d_r, bias=mc["bias"])

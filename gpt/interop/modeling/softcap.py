@@ -5,7 +5,7 @@ import torch
 
 class Part:
     def build(self, layer, mc):
-        layer.softcap = mc["attn_softcap"]
+        layer.softcap = mc["design_options"]["softcap"]["cap"]
 
     def scores(self, layer, s, ctx):
         return layer.softcap * torch.tanh(s / layer.softcap)
