@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, TextIO
 
@@ -38,10 +38,15 @@ class GenerateConfig(ScriptConfig):
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: Optional[AttentionConfig] = None  # attention=<kernel>: run the weights with it (None: as trained)
+    window: Optional[int] = None  # sliding window for this run (None: as trained); with it decoding never ends
+    sink_tokens: Optional[int] = None  # StreamingLLM's sink tokens with the window (None: as trained)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_samples")
+        check_positive(self, "window", optional=True)
+        if self.sink_tokens is not None and (isinstance(self.sink_tokens, bool) or self.sink_tokens < 0):
+            raise ConfigError(f"sink_tokens must be a non-negative integer or null, got {self.sink_tokens!r}")
         check_sampling(self.temperature, self.top_k, self.top_p)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
@@ -83,12 +88,25 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
     out.write("\n")
 
 
+def streaming(model: GPT, window: int | None, sink_tokens: int | None) -> GPT:
+    """The model with this run's window and sink tokens (runtime choices: the same weights), else as it is. With a
+    window shorter than block_size and RoPE, decoding goes on past block_size in constant memory (StreamingLLM)."""
+    if window is None and sink_tokens is None:
+        return model
+    changes = {k: v for k, v in (("window", window), ("sink_tokens", sink_tokens)) if v is not None}
+    config = replace(model.config, **changes)  # checked: sink tokens need a window, RoPE or no positions, ...
+    streamed = GPT(config).to(next(model.parameters()).device)
+    streamed.load_state_dict(model.state_dict())
+    return streamed.eval()
+
+
 def run(cfg: GenerateConfig) -> None:
     """scripts/generate.py: load the model, print num_samples samples (or a prompt loop)."""
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
     kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     model, tokenizer, _ = load(cfg.ckpt, device, kernel, backend, cfg.init_path)
+    model = streaming(model, cfg.window, cfg.sink_tokens)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:
