@@ -133,5 +133,5 @@ def passkey(model: GPT, tokenizer: Tokenizer, tokens, lengths: list[int], exampl
                 logits, _ = model(x, positions=positions)
             right.append((logits.argmax(-1) == y)[:, -digits:].cpu())
         hits = torch.cat(right)
-        results[str(length)] = {"digits": float(hits.float().mean()), "keys": float(hits.all(dim=1).float().mean())}
+        results[str(length)] = {"digits": float(hits.double().mean()), "keys": float(hits.all(dim=1).double().mean())}
     return {"examples": examples, "digits": digits, "key": key_text, "lengths": results}

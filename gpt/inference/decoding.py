@@ -111,7 +111,8 @@ def stream(
     Context: when a row's context would exceed block_size, its oldest tokens are dropped so that the
     last block_size // 2 remain (the window slides by half), the same with or without the cache and
     whatever the other rows do. A model whose cache is a window's ring (kv_cache.endless: StreamingLLM's sliding
-    window, with sink tokens or not) never slides: it decodes on past block_size in constant memory.
+    window, with sink tokens or not) never slides: with the cache it decodes on past block_size in constant memory;
+    without it each step recomputes everything from the first token (the reference the cache equals).
     With kv_cache the context is prefilled once and each step then feeds
     one token per row; after a slide the cache is rebuilt. Stops once every row produced stop_token.
     vocab_limit: only ids below it are sampled (a vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
@@ -129,7 +130,7 @@ def stream(
     checked = False  # whether this cache's first decode step ran with Dynamo's guards (see steady)
     decode_pin = pin_for(model.config.attention, model.config.attention_backend, device,  # held by a compiled step too
                          compute_dtype(device, next(model.parameters()).dtype), decoding=True)
-    endless = kv_cache and kv.endless(model.config)  # a ring cache runs past block_size without sliding
+    endless = kv.endless(model.config)  # a window's ring runs past block_size without sliding
     for _ in range(max_new_tokens):
         slid = not endless and slide(rows, starts, model.config.block_size)
         if cache is None or slid:  # prefill (every step without a cache: recompute the context)
@@ -143,7 +144,7 @@ def stream(
                 logits = step(model, next_token, positions, cache)
             checked = True
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
-        if not endless:  # the context a prefill after a slide needs; an endless stream never prefills again
+        if not (endless and kv_cache):  # the context a later prefill needs; an endless cache never prefills again
             for row, token in zip(rows, next_token.flatten().tolist()):
                 row.append(token)
         yield next_token
