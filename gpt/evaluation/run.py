@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from gpt.device import autocast, resolve_device, resolve_precision
 from gpt.errors import ConfigError, UserError
-from gpt.evaluation import hellaswag
+from gpt.evaluation import hellaswag, positions
 from gpt.evaluation.config import EvalConfig
 from gpt.evaluation.heldout import full_pass
 from gpt.evaluation.inputs import open_data
@@ -52,7 +52,8 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
     ctx = autocast(device, precision)
     model, tokenizer, _ = load(cfg.ckpt, device, init_path=cfg.init_path)
     started = time.perf_counter()
-    task = run_heldout if cfg.task == "heldout" else run_hellaswag
+    task = {"heldout": run_heldout, "hellaswag": run_hellaswag, "positions": run_positions,
+            "passkey": run_passkey}[cfg.task]
     results = {"ckpt": cfg.ckpt, **task(cfg, model, tokenizer, device, ctx),
                "seconds": round(time.perf_counter() - started, 3), "device": str(device),
                "precision": precision}
@@ -90,12 +91,31 @@ def run_hellaswag(cfg: EvalConfig, model: GPT, tokenizer: Tokenizer, device: tor
     return {"task": "hellaswag", "data": str(path), **scores}
 
 
+def run_positions(cfg: EvalConfig, model: GPT, tokenizer: Tokenizer, device: torch.device, ctx) -> dict[str, Any]:
+    """Loss by position over windows of cfg.long.length (past block_size for RoPE and ALiBi) of cfg.split."""
+    length = cfg.long.length or model.config.block_size
+    data = open_data(cfg.data, cfg.data_dir, cfg.ckpt, tokenizer, cfg.split, length)
+    with progress_bar("loss by position", "window") as progress:
+        result = positions.loss_by_position(model, data.splits[cfg.split], length, cfg.long.windows,
+                                            cfg.long.buckets, cfg.batch_size, device, ctx, progress)
+    return {"task": "positions", "data": str(data.dir), "split": cfg.split, **result}
+
+
+def run_passkey(cfg: EvalConfig, model: GPT, tokenizer: Tokenizer, device: torch.device, ctx) -> dict[str, Any]:
+    """Passkey retrieval on cfg.split's text at each of cfg.long.lengths (default: the model's block_size)."""
+    lengths = list(cfg.long.lengths) or [model.config.block_size]
+    data = open_data(cfg.data, cfg.data_dir, cfg.ckpt, tokenizer, cfg.split, max(lengths) + 1)
+    result = positions.passkey(model, tokenizer, data.splits[cfg.split], lengths, cfg.long.examples,
+                               cfg.long.digits, cfg.long.key, cfg.long.seed, cfg.batch_size, device, ctx)
+    return {"task": "passkey", "data": str(data.dir), "split": cfg.split, **result}
+
+
 LABELS = {
     "loss": "loss (nats per token)", "ppl": "perplexity", "bpb": "bits per byte", "tokens": "tokens scored",
     "bytes": "bytes of those tokens", "windows": "windows", "block_size": "block size", "stride": "stride",
     "acc": "acc (summed log-likelihood)", "acc_stderr": "acc standard error",
     "acc_norm": "acc_norm (log-likelihood / characters)", "acc_norm_stderr": "acc_norm standard error",
-    "examples": "examples", "seconds": "time (s)",
+    "examples": "examples", "length": "window length", "digits": "passkey digits", "seconds": "time (s)",
 }
 
 
@@ -104,6 +124,11 @@ def table(results: dict[str, Any]) -> str:
     title = f"{results['task']}: {results['ckpt']} on {results['data']}" + (
         f" ({results['split']} split)" if "split" in results else "")
     rows = [(LABELS[k], format_value(v)) for k, v in results.items() if k in LABELS]
+    rows += [(f"loss at positions {b['start']}-{b['end'] - 1}", format_value(b["loss"]))
+             for b in results.get("buckets", [])]
+    for length, scores in results.get("lengths", {}).items():
+        rows += [(f"passkey at {int(length):,}: digits right", format_value(scores["digits"])),
+                 (f"passkey at {int(length):,}: whole keys right", format_value(scores["keys"]))]
     if results.get("stride") is not None and results["stride"] < results.get("block_size", 0):
         rows.append(("windows overlap", "yes"))
     width, value_width = max(len(label) for label, _ in rows), max(len("value"), *(len(v) for _, v in rows))

@@ -19,6 +19,7 @@ from torch import Tensor
 from gpt.errors import ConfigError
 from gpt.kernels.backends import compute_dtype, pin_for
 from gpt.model import GPT
+from gpt.model import kv_cache as kv
 from gpt.model.kv_cache import KVCache
 from gpt.tokenizers.tokenizer import Tokenizer
 
@@ -109,7 +110,10 @@ def stream(
     prompts: a (B, T) tensor, or token-id lists of different lengths (left-padded into one batch).
     Context: when a row's context would exceed block_size, its oldest tokens are dropped so that the
     last block_size // 2 remain (the window slides by half), the same with or without the cache and
-    whatever the other rows do. With kv_cache the context is prefilled once and each step then feeds
+    whatever the other rows do. A model whose cache is a window's ring (kv_cache.endless: StreamingLLM's sliding
+    window, with sink tokens or not) never slides: with the cache it decodes on past block_size in constant memory;
+    without it each step recomputes everything from the first token (the reference the cache equals).
+    With kv_cache the context is prefilled once and each step then feeds
     one token per row; after a slide the cache is rebuilt. Stops once every row produced stop_token.
     vocab_limit: only ids below it are sampled (a vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
     step: the decoding step (decode_step, or compiled_decode_step()).
@@ -126,8 +130,9 @@ def stream(
     checked = False  # whether this cache's first decode step ran with Dynamo's guards (see steady)
     decode_pin = pin_for(model.config.attention, model.config.attention_backend, device,  # held by a compiled step too
                          compute_dtype(device, next(model.parameters()).dtype), decoding=True)
+    endless = kv.endless(model.config)  # a window's ring runs past block_size without sliding
     for _ in range(max_new_tokens):
-        slid = slide(rows, starts, model.config.block_size)
+        slid = not endless and slide(rows, starts, model.config.block_size)
         if cache is None or slid:  # prefill (every step without a cache: recompute the context)
             idx, key_mask, positions = left_pad([row[start:] for row, start in zip(rows, starts)], device)
             cache = KVCache(model.config, len(rows), device) if kv_cache else None
@@ -139,8 +144,9 @@ def stream(
                 logits = step(model, next_token, positions, cache)
             checked = True
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)
-        for row, token in zip(rows, next_token.flatten().tolist()):
-            row.append(token)
+        if not (endless and kv_cache):  # the context a later prefill needs; an endless cache never prefills again
+            for row, token in zip(rows, next_token.flatten().tolist()):
+                row.append(token)
         yield next_token
         if stop_token is not None:
             finished |= next_token.squeeze(1) == stop_token

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, TextIO
 
@@ -38,10 +38,15 @@ class GenerateConfig(ScriptConfig):
     seed: int = 1337
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: Optional[AttentionConfig] = None  # attention=<kernel>: run the weights with it (None: as trained)
+    window: Optional[int] = None  # sliding window for this run (None: as trained); with it decoding never ends
+    sinks: Optional[int] = None  # StreamingLLM's sink tokens beside the window (the stream design; 0: none)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_samples")
+        check_positive(self, "window", optional=True)
+        if self.sinks is not None and (isinstance(self.sinks, bool) or self.sinks < 0):
+            raise ConfigError(f"sinks must be a non-negative integer or null, got {self.sinks!r}")
         check_sampling(self.temperature, self.top_k, self.top_p)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
@@ -83,12 +88,29 @@ def sample_to(out: TextIO, model: GPT, tokenizer: tok.Tokenizer, prompt: str, cf
     out.write("\n")
 
 
+def streaming(model: GPT, window: int | None, sinks: int | None) -> GPT:
+    """The model with this run's window and sink tokens (the stream design, which adds no weight), else as it is.
+    With a window shorter than block_size and RoPE, decoding goes on past block_size in constant memory."""
+    if window is None and sinks is None:
+        return model
+    config = model.config if window is None else replace(model.config, window=window)
+    if sinks is not None:
+        names = [d for d in config.designs if d != "stream"] + (["stream"] if sinks else [])
+        options = {k: v for k, v in config.design_options.items() if k != "stream"}
+        config = replace(config, designs=names, design_options={**options, **({"stream": {"sinks": sinks}}
+                                                                             if sinks else {})})
+    streamed = GPT(config).to(next(model.parameters()).device)
+    streamed.load_state_dict(model.state_dict())
+    return streamed.eval()
+
+
 def run(cfg: GenerateConfig) -> None:
     """scripts/generate.py: load the model, print num_samples samples (or a prompt loop)."""
     device = resolve_device(cfg.device.type)
     ctx = autocast(device, resolve_precision(cfg.precision, device))
     kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     model, tokenizer, _ = load(cfg.ckpt, device, kernel, backend, cfg.init_path)
+    model = streaming(model, cfg.window, cfg.sinks)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:

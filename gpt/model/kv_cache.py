@@ -93,6 +93,16 @@ class LayerKV:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, Tensor))
 
 
+def endless(config: GPTConfig) -> bool:
+    """Whether decoding with a cache may run past block_size without sliding (StreamingLLM: a window's ring, with
+    the stream design's sink tokens kept apart): every kind of layer keeps a ring of fewer than block_size slots,
+    positions come from the layers (RoPE: relative within the window; no learned table to run out of) and the cache
+    may be used. Its bytes then stay those of the ring, however long the stream."""
+    kinds = config.kinds().values()
+    return (all(kind.window is not None and kind.window < config.block_size for kind in kinds)
+            and any(map(designs.positional, kinds)) and refusal(config) is None)
+
+
 def refusal(config: GPTConfig) -> str | None:
     """Why a design keeps this model from decoding with a KV cache (Design.no_cache, any kind's); None: it can."""
     return next(filter(None, (d.no_cache(kind) for kind in config.kinds().values() for d in designs.active(kind))),
@@ -168,7 +178,7 @@ class Slots:
         if self.started and n == 1 and torch.compiler.is_compiling():
             return self._fixed_step(key_mask)
         start = self.length if self.started else 0
-        if start + n > self.max_length:
+        if start + n > self.max_length and self.window is None:  # a ring keeps its last `window` (endless)
             raise ValueError(f"KV cache overflow: {start} + {n} tokens exceed block_size {self.max_length}")
         if self.window is not None and start > 0 and n != 1:
             raise ValueError("a sliding-window cache takes one token at a time after the prompt")

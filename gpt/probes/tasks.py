@@ -4,7 +4,8 @@ the answer positions (the loss and the accuracy read those alone).
 Semantics follow the papers' generators (read, not copied): multi-query associative recall from Zoology (Arora et
 al. 2023, ``zoology/data/multiquery_ar.py``); MAD's six (Poli et al. 2024, ``mad/data/instances.py``); induction on a
 repeated random sequence (Olsson et al. 2022); passkey retrieval (Mohtashami and Jaggi 2023), trained at one length
-and scored at several. gpt/probes/mad.py holds MAD's six, gpt/probes/registry.py names them all.
+and scored at several (its layout is gpt.evaluation.positions.place_passkey, which scores a trained model's passkey
+on corpus text too). gpt/probes/mad.py holds MAD's six, gpt/probes/registry.py names them all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpt.errors import ConfigError
+from gpt.evaluation.positions import place_passkey
 
 IGNORE = -1  # gpt.model.gpt.GPT's cross-entropy ignore_index
 
@@ -179,11 +181,4 @@ class Passkey(Task):
         seq = rng.integers(0, F, size=(n, L + 1))
         digits = F + rng.integers(0, 10, size=(n, d))
         depth = rng.integers(0, L + 1 - 2 * d - 1 - 1, size=n)  # where the key marker goes, before the query
-        rows = np.arange(n)[:, None]
-        seq[rows, depth[:, None] + np.arange(d + 1)] = np.concatenate([np.full((n, 1), key_mark), digits], axis=1)
-        tail = L + 1 - d - 1
-        seq[:, tail] = query_mark
-        seq[:, tail + 1:] = digits
-        answer = np.zeros(seq.shape, dtype=bool)
-        answer[:, tail + 1:] = True
-        return shifted(seq, answer)
+        return place_passkey(seq, np.array([key_mark]), np.array([query_mark]), digits, depth)

@@ -25,7 +25,7 @@ from gpt.kernels.backends import pin_for
 from gpt.model import GPT
 from gpt.model.config import GPTConfig
 from gpt.tokenizers import tokenizer as tok
-from gpt.train import distributed, parallelize
+from gpt.train import distributed, extend, parallelize
 from gpt.train.config import RunConfig, TrainConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.optim import make_optimizer
@@ -76,6 +76,7 @@ def model_config(run: RunConfig, data: TokenData, log: Callable[[str], None]) ->
             hint="prepare the data with the model's tokenizer (e.g. data.tokenizer=gpt2 for GPT-2 weights)",
         )
     log(f"initialised from {run.init_from}: model.* sizes come from its weights")
+    init_config = extend.extended(init_config, config, run.init_from, log)  # a longer block_size, a RoPE scaling
     return init_config.with_runtime_of(config), init_state
 
 
