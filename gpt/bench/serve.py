@@ -357,7 +357,8 @@ def write_random(cfg: BenchServeConfig) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         config, state, tokenizer = load_weights(random_checkpoint(cfg.model, Path(tmp), cfg.tokenizer))
         formats.export(state, config, tokenizer, out, format="hf")
-    params = sum(v.numel() for k, v in state.items() if not k.endswith("attn.bias"))
+    unique = {v.data_ptr(): v.numel() for k, v in state.items() if not k.endswith("attn.bias")}  # tied: once
+    params = sum(unique.values())
     return f"wrote {out}: random weights, {params / 1e6:.2f}M parameters, {config.vocab_size}-token vocabulary"
 
 
