@@ -6,7 +6,8 @@ Poisson process (``arrival_rate``), with prompt and output lengths drawn from ra
 same requests), until all are sent or the time is up, recording each request's time to the first token (TTFT),
 time per output token after it (TPOT) and its tokens. The server is scripts/serve.py in a process of its own (so
 the clients' work does not share its interpreter); ``baseline=<git revision>`` runs that revision's server on the
-same requests in the same run, and the model's own decode loop (bench_decode's "KV cache" way, batch 1) is timed
+same requests in the same run, ``peer=<URL>`` an outside OpenAI-compatible server already listening on loopback
+(vLLM's, docs/serving.md), and the model's own decode loop (bench_decode's "KV cache" way, batch 1) is timed
 beside them, the ceiling one client can approach.
 """
 
