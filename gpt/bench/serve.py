@@ -6,7 +6,8 @@ Poisson process (``arrival_rate``), with prompt and output lengths drawn from ra
 same requests), until all are sent or the time is up, recording each request's time to the first token (TTFT),
 time per output token after it (TPOT) and its tokens. The server is scripts/serve.py in a process of its own (so
 the clients' work does not share its interpreter); ``baseline=<git revision>`` runs that revision's server on the
-same requests in the same run, and the model's own decode loop (bench_decode's "KV cache" way, batch 1) is timed
+same requests in the same run, ``peer=<URL>`` an outside OpenAI-compatible server already listening on loopback
+(vLLM's, docs/serving.md), and the model's own decode loop (bench_decode's "KV cache" way, batch 1) is timed
 beside them, the ceiling one client can approach.
 """
 
@@ -60,10 +61,29 @@ class BenchServeConfig:
     max_batch: int = 32  # the server's
     threads: Optional[int] = None  # torch's CPU threads in the servers and the decode loop (None: torch's default)
     device: DeviceConfig = field(default_factory=lambda: DeviceConfig("cpu"))  # the server's (device=cuda)
+    temperature: float = 0.8  # every request's (0: greedy)
+    token_ids: bool = False  # send each prompt as its token ids (the checkpoint's tokenizer), so every server reads
+    # the same tokens whatever its own tokenizer makes of the text
+    peer: Optional[str] = None  # an outside OpenAI-compatible server already listening on loopback (its base URL,
+    # e.g. vLLM's http://127.0.0.1:8100, serving the same weights): the same requests, taking turns with ours
+    peer_name: str = "peer"  # its name in the table
+    peer_model: Optional[str] = None  # the model id it serves (default: the first one its /v1/models lists)
+    tokenizer: str = "char"  # random weights' vocabulary: char (97 characters) | gpt2 (GPT-2's 50257 tokens)
+    write_random: Optional[str] = None  # write the random-weights model in the GPT-2 layout (scripts/export.py's
+    # format=hf) to this folder and stop: what an outside server serves, and ckpt= for ours
 
     def __post_init__(self) -> None:
         check_positive(self, "requests", "seconds", "max_tokens", "repeats", "max_batch")
         check_positive(self, "arrival_rate", "threads", optional=True)
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be 0 (greedy) or more, got {self.temperature}")
+        if self.tokenizer not in ("char", "gpt2"):
+            raise ConfigError(f"tokenizer must be char or gpt2, got {self.tokenizer!r}")
+        if self.peer is not None:
+            loopback_url(self.peer, "peer")
+        if self.peer_name in ("this", self.baseline):
+            raise ConfigError(f"peer_name={self.peer_name!r} is taken by another server in the table",
+                              hint="name the peer after what it is, e.g. peer_name=vllm")
         if self.chat_turns < 0:
             raise ConfigError(f"chat_turns must be 0 (no chat replay) or more, got {self.chat_turns}")
         if not self.clients or any(c < 1 for c in self.clients):
@@ -93,16 +113,28 @@ class Result:
         return (self.end - self.first) / (self.tokens - 1)
 
 
+def loopback_url(url: str, name: str = "url"):
+    """The parsed URL, refused unless it is http:// on this machine's loopback address with a port."""
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError as err:
+        raise ConfigError(f"{name}={url!r} is not a URL ({err})") from None
+    if parsed.scheme != "http" or parsed.hostname not in ("127.0.0.1", "localhost", "::1") or not parsed.port:
+        raise ConfigError(f"{name}={url!r}: the load generator sends to this machine's loopback address only",
+                          hint="give http://127.0.0.1:<port>, where the server listens")
+    return parsed
+
+
 def stream_completion(url: str, body: dict, api_key: str | None = None, timeout: float = 120) -> Result:
     """One streamed completion over HTTP (loopback only), timed."""
-    parsed = urlparse(url)
-    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise UserError(f"the load generator sends to this machine's loopback address only, not {parsed.hostname}")
+    parsed = loopback_url(url)
+    path = parsed.path.rstrip("/").removesuffix("/v1") + "/v1/completions"
     result = Result(time.perf_counter())
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
     try:
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-        conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True,
+        conn.request("POST", path, json.dumps({**body, "stream": True,
                                                              "stream_options": {"include_usage": True}}), headers)
         response = conn.getresponse()
         if response.status != 200:
@@ -220,8 +252,10 @@ def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | No
     return f"{(after[1] - before[1]) / (after[0] - before[0]):.0%}"
 
 
-def workload(cfg: BenchServeConfig, vocabulary: str, seed: int) -> tuple[list[dict], list[float] | None]:
-    """Each request's body (its prompt and max_tokens drawn from the ranges) and arrival time, drawn from seed."""
+def workload(cfg: BenchServeConfig, vocabulary: str, seed: int,
+             encode: Callable[[str], list[int]] | None = None) -> tuple[list[dict], list[float] | None]:
+    """Each request's body (its prompt, as token ids where ``encode`` is given, and max_tokens drawn from the
+    ranges) and arrival time, drawn from seed."""
     rng = random.Random(seed)
     bodies = []
     for _ in range(cfg.requests):
@@ -229,7 +263,8 @@ def workload(cfg: BenchServeConfig, vocabulary: str, seed: int) -> tuple[list[di
         if cfg.prompt_tokens:
             prompt = "".join(rng.choice(vocabulary) for _ in range(rng.randint(*cfg.prompt_tokens)))
         tokens = rng.randint(*cfg.output_tokens) if cfg.output_tokens else cfg.max_tokens
-        bodies.append({"prompt": prompt, "max_tokens": tokens, "temperature": 0.8})
+        bodies.append({"prompt": encode(prompt) if encode else prompt, "max_tokens": tokens,
+                       "temperature": cfg.temperature})
     if cfg.arrival_rate is None:
         return bodies, None
     arrivals, t = [], 0.0
@@ -296,21 +331,54 @@ def start_server(ckpt: str, max_batch: int, device: str = "cpu", root: Path = RO
     raise UserError("scripts/serve.py did not start", hint="run it by hand to see why")
 
 
-def random_checkpoint(model: ModelConfig, folder: Path) -> str:
-    """A checkpoint of random weights with the model's shape over a character vocabulary (speed only)."""
+def random_checkpoint(model: ModelConfig, folder: Path, vocabulary: str = "char") -> str:
+    """A checkpoint of random weights with the model's shape over a character vocabulary or GPT-2's (speed only)."""
     import torch
 
     from gpt import GPT
-    from gpt.tokenizers.tokenizer import CharTokenizer
+    from gpt.tokenizers.tokenizer import CharTokenizer, GPT2Tokenizer
     from gpt.weights import checkpoint
 
-    tokenizer = CharTokenizer([chr(c) for c in range(32, 127)] + ["\n", "\t"])
+    tokenizer = (GPT2Tokenizer() if vocabulary == "gpt2"
+                 else CharTokenizer([chr(c) for c in range(32, 127)] + ["\n", "\t"]))
     torch.manual_seed(0)
     config = model.build(tokenizer.vocab_size)
     path = folder / "random.pt"
     checkpoint.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
                      "tokenizer": tokenizer.to_meta()}, path)
     return str(path)
+
+
+def write_random(cfg: BenchServeConfig) -> str:
+    """The random-weights model (cfg.model over cfg.tokenizer) exported in the GPT-2 layout to cfg.write_random."""
+    from gpt.interop import formats
+    from gpt.weights.load import load_weights
+
+    out = Path(cfg.write_random).expanduser()
+    with tempfile.TemporaryDirectory() as tmp:
+        config, state, tokenizer = load_weights(random_checkpoint(cfg.model, Path(tmp), cfg.tokenizer))
+        formats.export(state, config, tokenizer, out, format="hf")
+    unique = {v.data_ptr(): v.numel() for k, v in state.items() if not k.endswith("attn.bias")}  # tied: once
+    params = sum(unique.values())
+    return f"wrote {out}: random weights, {params / 1e6:.2f}M parameters, {config.vocab_size}-token vocabulary"
+
+
+def prompt_ids(ckpt: str) -> Callable[[str], list[int]]:
+    """The checkpoint's tokenizer's encode: prompts sent as token ids read the same on every server."""
+    from gpt.tokenizers.tokenizer import from_meta
+    from gpt.weights.load import load_weights
+
+    return from_meta(load_weights(ckpt)[2]).encode
+
+
+def served_model(url: str) -> str:
+    """The first model id an OpenAI-compatible server lists at /v1/models."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30) as response:
+            return json.loads(response.read())["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        raise UserError(f"peer={url}: no model listed at /v1/models ({type(err).__name__}: {err})",
+                        hint="start that server first, or name its model with peer_model=") from None
 
 
 def checkout(revision: str, folder: Path) -> Path:
@@ -354,41 +422,56 @@ def level_row(engine: str, clients: int, repeat: int, s: dict, before: str, hits
 
 
 def run(cfg: BenchServeConfig) -> str:
-    """Start the server (and the baseline's), run every level cfg.repeats times (interleaved, the servers taking
-    turns), time the model's own decode loop each time round; return the report as markdown."""
+    """Start the server (and the baseline's; a peer already listens), run every level cfg.repeats times
+    (interleaved, the servers taking turns), time the model's own decode loop each time round; return the report as
+    markdown (or, with write_random, write that model and say so)."""
+    if cfg.write_random:
+        return write_random(cfg)
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = (cfg.ckpt or random_checkpoint(cfg.model, Path(tmp))).rstrip("/")
+        ckpt = (cfg.ckpt or random_checkpoint(cfg.model, Path(tmp), cfg.tokenizer)).rstrip("/")
         roots = {"this": ROOT} | ({cfg.baseline: checkout(cfg.baseline, Path(tmp) / "baseline")}
                                   if cfg.baseline else {})
-        servers = {name: start_server(ckpt, cfg.max_batch, cfg.device.type, root, cfg.threads)
-                   for name, root in roots.items()}
-        vocabulary = "".join(chr(c) for c in range(97, 123)) + " ():=\n"
-        bodies, arrivals = workload(cfg, vocabulary, cfg.seed)
+        servers = {}  # name: (its process, None for a peer; its URL; the model id it serves ours as)
         try:
-            rows, best, ceiling = [], {}, []
-            for _, url in servers.values():
-                stream_completion(url, {**bodies[0], "model": ckpt, "max_tokens": 2})  # warm up
-            for repeat in range(cfg.repeats):
-                ceiling.append(decode_speed(ckpt, cfg.device.type, max(b["max_tokens"] for b in bodies), cfg.threads))
-                for level, clients in enumerate(cfg.clients):  # new prompts each level, the same for every server
-                    bodies, arrivals = workload(cfg, vocabulary, cfg.seed + 1 + repeat * len(cfg.clients) + level)
-                    for name, (_, url) in servers.items():
-                        before, counters = uptime(), prefix_counters(url, ckpt)
-                        s = summary(load(url, ckpt, clients, cfg.requests, cfg.seconds, {}, None, bodies, arrivals))
-                        best[name, clients] = max(best.get((name, clients), 0.0), s["tokens_per_s"])
-                        rows.append(level_row(name, clients, repeat + 1, s, before,
-                                              hit_rate(counters, prefix_counters(url, ckpt))))
-                for name, (_, url) in servers.items() if cfg.chat_turns else ():
-                    before, counters = uptime(), prefix_counters(url, ckpt)
-                    s = summary(chat_replay(url, ckpt, max(cfg.clients), max(1, cfg.requests // cfg.chat_turns),
-                                            cfg.chat_turns, cfg.seed + repeat))
-                    rows.append(level_row(f"{name}, chat replay", max(cfg.clients), repeat + 1, s, before,
-                                          hit_rate(counters, prefix_counters(url, ckpt))))
+            for name, root in roots.items():
+                servers[name] = (*start_server(ckpt, cfg.max_batch, cfg.device.type, root, cfg.threads), ckpt)
+            if cfg.peer:
+                servers[cfg.peer_name] = (None, cfg.peer.rstrip("/"), cfg.peer_model or served_model(cfg.peer))
+            rows, best, ceiling = levels(cfg, ckpt, servers)
         finally:
-            for process, _ in servers.values():
-                process.terminate()
-                process.wait(timeout=30)
+            for process, _, _ in servers.values():
+                if process is not None:
+                    process.terminate()
+                    process.wait(timeout=30)
     return report(cfg, rows, best, ceiling)
+
+
+def levels(cfg: BenchServeConfig, ckpt: str, servers: dict) -> tuple[list, dict, list[float]]:
+    """Every level cfg.repeats times, the servers taking turns on the same requests, and the chat replay: the
+    table's rows, the best tokens/s per (server, clients), the decode loop's tokens/s each round."""
+    vocabulary = "".join(chr(c) for c in range(97, 123)) + " ():=\n"
+    encode = prompt_ids(ckpt) if cfg.token_ids else None
+    bodies, arrivals = workload(cfg, vocabulary, cfg.seed, encode)
+    rows, best, ceiling = [], {}, []
+    for _, url, model in servers.values():
+        stream_completion(url, {**bodies[0], "model": model, "max_tokens": 2})  # warm up
+    for repeat in range(cfg.repeats):
+        ceiling.append(decode_speed(ckpt, cfg.device.type, max(b["max_tokens"] for b in bodies), cfg.threads))
+        for level, clients in enumerate(cfg.clients):  # new prompts each level, the same for every server
+            bodies, arrivals = workload(cfg, vocabulary, cfg.seed + 1 + repeat * len(cfg.clients) + level, encode)
+            for name, (_, url, model) in servers.items():
+                before, counters = uptime(), prefix_counters(url, model)
+                s = summary(load(url, model, clients, cfg.requests, cfg.seconds, {}, None, bodies, arrivals))
+                best[name, clients] = max(best.get((name, clients), 0.0), s["tokens_per_s"])
+                rows.append(level_row(name, clients, repeat + 1, s, before,
+                                      hit_rate(counters, prefix_counters(url, model))))
+        for name, (_, url, model) in servers.items() if cfg.chat_turns else ():
+            before, counters = uptime(), prefix_counters(url, model)
+            s = summary(chat_replay(url, model, max(cfg.clients), max(1, cfg.requests // cfg.chat_turns),
+                                    cfg.chat_turns, cfg.seed + repeat))
+            rows.append(level_row(f"{name}, chat replay", max(cfg.clients), repeat + 1, s, before,
+                                  hit_rate(counters, prefix_counters(url, model))))
+    return rows, best, ceiling
 
 
 def report(cfg: BenchServeConfig, rows: list, best: dict, ceiling: list[float]) -> str:
@@ -397,16 +480,17 @@ def report(cfg: BenchServeConfig, rows: list, best: dict, ceiling: list[float]) 
                else f"prompt {cfg.prompt!r}")
     outputs = (f"{cfg.output_tokens[0]}-{cfg.output_tokens[1]}" if cfg.output_tokens else str(cfg.max_tokens))
     arrivals = f"Poisson arrivals at {cfg.arrival_rate:g}/s" if cfg.arrival_rate else "requests back to back"
+    lengths += " (sent as token ids)" * cfg.token_ids
     lines = [f"serving benchmark: {cfg.ckpt or 'random weights'}, {lengths}, {outputs} tokens per request, {arrivals},"
-             f" max_batch {cfg.max_batch}, {describe(cfg.device.type)}"
+             f" temperature {cfg.temperature:g}, max_batch {cfg.max_batch}, {describe(cfg.device.type)}"
              + (f", {cfg.threads} torch thread(s) each" if cfg.threads else ""),
              f"the model's own decode loop (one sequence): {statistics.median(ceiling):,.0f} tokens/s (median of "
              f"{', '.join(f'{c:,.0f}' for c in ceiling)})"]
     one = min(cfg.clients)
     lines.append(f"best tokens/s with {one} client(s) against the decode loop: " + ", ".join(
         f"{name} {best[name, one] / statistics.median(ceiling):.0%}" for name, c in best if c == one))
-    if cfg.baseline:
-        lines.append(f"best tokens/s, this engine against {cfg.baseline}'s: " + ", ".join(
-            f"{c} clients {best['this', c] / best[cfg.baseline, c]:.2f}x"
-            for c in cfg.clients if best[cfg.baseline, c]))
+    for other in (cfg.baseline, cfg.peer and cfg.peer_name):
+        if other:
+            lines.append(f"best tokens/s, this engine against {other}'s: " + ", ".join(
+                f"{c} clients {best['this', c] / best[other, c]:.2f}x" for c in cfg.clients if best[other, c]))
     return "\n".join(lines) + "\n\n" + markdown_table(LEVEL_COLUMNS, rows)

@@ -211,3 +211,47 @@ def test_bench_decode_times_steps_after_each_context_and_a_recurrent_state_keeps
     table()  # softmax attention: the same table
     with pytest.raises(ConfigError, match="contexts: 40 cached tokens . 9 steps exceed block_size 48"):
         run(decode_config("contexts=[40]", "context_steps=9", "model.block_size=48"))
+
+
+@pytest.mark.slow
+def test_bench_serve_runs_the_same_requests_on_a_peer_server(tmp_path):
+    """peer=<base URL>: an outside OpenAI-compatible server (vLLM's, in docs/serving.md) gets the same requests as
+    ours, taking turns; here the peer is a second server of ours on the same weights, so greedy requests sent as
+    token ids give both the same tokens, and the peer's model id comes from its /v1/models."""
+    pytest.importorskip("fastapi")
+    from gpt.bench.serve import BenchServeConfig, run, start_server
+    from gpt.model.config import ModelConfig
+
+    folder = tmp_path / "export"
+    small = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)
+    cfg = BenchServeConfig(model=small, write_random=str(folder))
+    assert run(cfg).startswith(f"wrote {folder}: random weights")
+    process, url = start_server(str(folder), max_batch=8)
+    try:
+        table = run(BenchServeConfig(ckpt=str(folder), clients=[1, 4], requests=6, repeats=1, seconds=120,
+                                     prompt_tokens=[4, 12], output_tokens=[6, 10], temperature=0.0, token_ids=True,
+                                     threads=1, peer=url + "/v1", peer_name="again"))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert "(sent as token ids)" in table and "temperature 0," in table
+    assert "this engine against again's: 1 clients" in table
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| this |", "| again |"))]
+    assert [(r[0], r[1]) for r in rows] == [("| this", "1"), ("| again", "1"), ("| this", "4"), ("| again", "4")]
+    for ours, theirs in (rows[:2], rows[2:]):
+        assert ours[4] == theirs[4] == "0" and ours[5] == theirs[5] != "0"  # none failed, the same tokens
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"peer": "http://example.com:8000"}, "loopback address only"),
+    ({"peer": "127.0.0.1:8000"}, "loopback address only"),
+    ({"peer": "http://127.0.0.1:x"}, "is not a URL"),
+    ({"peer": "http://127.0.0.1:8000", "peer_name": "this"}, "taken by another server"),
+    ({"tokenizer": "bpe"}, "tokenizer must be char or gpt2"),
+    ({"temperature": -1.0}, "temperature must be 0"),
+])
+def test_bench_serve_refuses_bad_settings_before_running(override, message):
+    from gpt.bench.serve import BenchServeConfig
+
+    with pytest.raises(ConfigError, match=message):
+        BenchServeConfig(**override)
