@@ -1,5 +1,6 @@
 """Context extension from weights (gpt/train/extend.py): init_from=<run> with a longer model.block_size and a
-model.design_options.rope.scaling fine-tunes on longer windows; what cannot be extended is one error line, nothing written."""
+model.design_options.rope.scaling fine-tunes on longer windows; what cannot be extended is one error line, nothing
+written."""
 
 from __future__ import annotations
 
