@@ -77,6 +77,7 @@ def check_representable(config: GPTConfig) -> None:
                                       "RMSNorm in the blocks (GPT-2 normalises with LayerNorm)"),
         "model.tie_head=false": (not config.tie_head,
                                  "an output head of its own (GPT-2's is the token embedding)"),
+        "model.mlp=false": (not getattr(config, "mlp", True), "attention-only blocks (GPT-2's have an MLP)"),
     }
     refused = [(setting, what) for setting, (on, what) in core.items() if on]
     refused += [(d.setting(config), d.about) for d in designs.active(config) if "hf" not in d.exports]

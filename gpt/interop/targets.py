@@ -45,6 +45,9 @@ def starcoder2_mismatch(config: GPTConfig) -> str | None:
 def choose(config: GPTConfig) -> str:
     """The target that computes this model exactly: gpt2, starcoder2, gptneo (layouts) or remote; a one-line
     UserError if none does."""
+    if not getattr(config, "mlp", True):  # every target's blocks, the remote code's too, have an MLP
+        raise UserError("model.mlp=false (attention-only blocks) has no Hugging Face layout",
+                        hint="pass format=native for this project's own layout")
     if config.layers is not None:  # GPT-2's and Starcoder2's layers are all alike
         if gptneo.mismatch(config) is None:
             return "gptneo"

@@ -53,8 +53,8 @@ def grids(panels: list[tuple[str, Tensor]], xlabel: str = "head", ylabel: str = 
 
 def heads(model, tokenizer, cfg):
     """Head roles on repeated random tokens, the best head of each, and the induction ablation experiment."""
-    length = roles.repeat_length(model, cfg.repeat)
     pool = token_pool(tokenizer, model.config.vocab_size)
+    length = roles.repeat_length(model, cfg.repeat, pool)
     scores = roles.detect(model, length, cfg.batch, cfg.seed, pool)
     best = {role: divmod(int(s.argmax()), s.size(1)) for role, s in scores.items()}
     tokens = roles.repeated_tokens(pool, length, cfg.batch, cfg.seed + 1)
@@ -101,8 +101,9 @@ def patching(model, tokenizer, cfg):
 def ablation(model, tokenizer, cfg):
     """With ablate=[...]: those heads zeroed together; without: each head alone. Loss on repeated random tokens'
     second repeat and on the prompt."""
-    length = roles.repeat_length(model, cfg.repeat)
-    tokens = roles.repeated_tokens(token_pool(tokenizer, model.config.vocab_size), length, cfg.batch, cfg.seed)
+    pool = token_pool(tokenizer, model.config.vocab_size)
+    length = roles.repeat_length(model, cfg.repeat, pool)
+    tokens = roles.repeated_tokens(pool, length, cfg.batch, cfg.seed)
     chosen = parse_heads(cfg.ablate)
     roles.check_heads(model, chosen)
     prompt = prompt_tokens(tokenizer, cfg.prompt)

@@ -51,7 +51,8 @@ def direct_attribution(model: nn.Module, tokens: Tensor) -> dict[str, Tensor]:
     tokens = check_tokens(model, tokens, targets=True)
     n_layer = model.config.n_layer
     with evaluating(model):
-        names = ["blocks.0.hook_resid_pre", "blocks.*.attn.hook_z", "blocks.*.hook_mlp_out",
+        mlp = getattr(model.config, "mlp", True)  # model.mlp=false: attention only, no hook_mlp_out
+        names = ["blocks.0.hook_resid_pre", "blocks.*.attn.hook_z", *(["blocks.*.hook_mlp_out"] if mlp else []),
                  f"blocks.{n_layer - 1}.hook_resid_post"]
         _, cache = run_with_cache(model, tokens[:, :-1], names)
     ln, unembed = model.transformer.ln_f, model.lm_head.weight  # (V, C)
@@ -68,7 +69,8 @@ def direct_attribution(model: nn.Module, tokens: Tensor) -> dict[str, Tensor]:
         heads = torch.stack([onto(head_outputs(model, layer, cache[f"blocks.{layer}.attn.hook_z"]))
                              for layer in range(n_layer)])
         parts = {"embed": onto(cache["blocks.0.hook_resid_pre"]),
-                 "mlp": torch.stack([onto(cache[f"blocks.{layer}.hook_mlp_out"]) for layer in range(n_layer)]),
+                 "mlp": torch.stack([onto(cache[f"blocks.{layer}.hook_mlp_out"]) if mlp else heads.new_zeros(())
+                                     for layer in range(n_layer)]),
                  "attn_bias": torch.stack([onto(_bias(model.transformer.h[layer].attn.c_proj, scale))
                                            for layer in range(n_layer)])}
         ln_bias = (direction * ln.bias).sum(-1).mean() if ln.bias is not None else torch.tensor(0.0)

@@ -38,6 +38,7 @@ class GPTConfig:
     bias: bool = True
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh (GPT-2's) | gelu (exact) | relu2 (ReLU squared)
     norm: str = "layernorm"  # the blocks' and the final norm: layernorm (GPT-2's) | rmsnorm (Llama's, Qwen's)
+    mlp: bool = True  # false: attention-only blocks, no MLP (Olsson et al.'s toy models for induction heads)
     tie_head: bool = True  # the output head is the token embedding (GPT-2); false: a head of its own
     zero_init_proj: bool = False  # the blocks' output projections (c_proj) start at zero, not GPT-2's scaled normal
     attention: str = "sdpa"
@@ -115,7 +116,7 @@ class GPTConfig:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.norm not in NORMS:
             raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
-        for name in ("tie_head", "zero_init_proj"):
+        for name in ("tie_head", "zero_init_proj", "mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
 

@@ -53,6 +53,7 @@ def per_token(config: Any, seq: int | None = None) -> int:
     layer's attention and MLP, and the output head; embeddings are lookups (no FLOPs)."""
     seq = config.block_size if seq is None else seq
     mlp = TRAIN * (matmul(config.n_embd, 4 * config.n_embd) + matmul(4 * config.n_embd, config.n_embd))
+    mlp = mlp if getattr(config, "mlp", True) else 0  # model.mlp=false: attention only
     head = TRAIN * matmul(config.n_embd, config.vocab_size)
     kinds = {name: attention_layer(kind, seq) for name, kind in config.kinds().items()}  # a layout's kinds differ
     return sum(kinds[config.kind_of(i)] + mlp for i in range(config.n_layer)) + head

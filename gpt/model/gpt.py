@@ -159,13 +159,18 @@ class Block(nn.Module):
         self.kind = config.kind  # whose Context it reads (None: a uniform model's one)
         self.ln_1 = norm_layer(config)
         self.attn = (designs.layer_class(config) or CausalSelfAttention)(config, layer)
-        self.ln_2 = norm_layer(config)
-        self.mlp = MLP(config)
-        add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+        self.has_mlp = config.mlp  # model.mlp=false: attention only, no ln_2, mlp or hook_mlp_out
+        if self.has_mlp:
+            self.ln_2 = norm_layer(config)
+            self.mlp = MLP(config)
+        add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid",
+                        *(("hook_mlp_out",) if self.has_mlp else ()), "hook_resid_post")
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         x = self.hook_resid_pre(x)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln_1(x), ctx)))
+        if not self.has_mlp:
+            return self.hook_resid_post(x)
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
 
 

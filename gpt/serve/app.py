@@ -301,7 +301,10 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
         body = protocol.parse(protocol.CompletionRequest, await read_json(request, max_body_bytes))
         s = served(body.model)
         prompts = await asyncio.to_thread(completion_prompts, s, body)  # encoding a long prompt takes a while
-        job = Job(s, prompts, samplings(s, body, len(prompts) * body.n, default_max=16), body.n)
+        settings = samplings(s, body, len(prompts) * body.n, default_max=16)
+        if body.attention is not None:  # refused before any decoding when it asks too much
+            attention.check_request(s, body.attention, prompts * body.n, settings[0].max_tokens, body.stream)
+        job = Job(s, prompts, settings, body.n)
         texts = [s.tokenizer.decode(p) if body.echo else "" for p in job.prompts]
         if body.stream:
             return event_stream(completion_chunks(job, body, texts))
@@ -377,6 +380,9 @@ async def completion_response(job: Job, body, texts: list[str]) -> dict:
         choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish[i]}
         if body.return_token_ids:
             choice.update(job.ids_of(i), token_ids=token_ids[i], token_texts=job.texts(token_ids[i]))
+        if body.attention is not None:
+            choice["attention"] = await asyncio.to_thread(attention.completion_attention, job.served, body.attention,
+                                                          job.prompts[i], token_ids[i])
         choices.append(choice)
     return protocol.envelope("text_completion", protocol.new_id("cmpl"), body.model, choices, usage=job.usage())
 

@@ -57,3 +57,51 @@ def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> 
             "tokens": token_labels(served.tokenizer, context), "layers": config.n_layer, "heads": config.n_head,
             "weights": [[[round(float(w), 4) for w in head] for head in layer] for layer in maps.tolist()],
             "views": design_views(config), "notes": notes}
+
+
+MAX_API_WEIGHTS = 2**20  # the most weights one completions request may ask for (choices x tokens x layers x
+# heads x keys)
+
+
+def chosen(field, config) -> tuple[list[int], list[int]]:
+    """The request's ``attention`` field's layers and heads (all when not given), or a 400 naming the bad one."""
+    picked = []
+    for name, count in (("layers", config.n_layer), ("heads", config.n_head)):
+        values = getattr(field, name)
+        values = list(range(count)) if values is None else values
+        if not values or len(set(values)) != len(values) or not all(0 <= v < count for v in values):
+            raise APIError(400, f"attention.{name} must be distinct numbers from 0 to {count - 1} (this model has "
+                           f"{count}), or left out for all", f"attention.{name}")
+        picked.append(values)
+    return picked[0], picked[1]
+
+
+def check_request(served, field, prompts: list[list[int]], max_tokens: int, stream: bool) -> None:
+    """Refuse, before any decoding, an ``attention`` request the server would not answer: streamed, a sequence
+    that could outgrow one context (the weights are those of one forward pass over it), or too many weights."""
+    config = served.model.config
+    layers, heads = chosen(field, config)
+    if stream:
+        raise APIError(400, "attention is returned with stream=false only", "attention")
+    longest = max(len(p) for p in prompts) + max_tokens
+    if longest > config.block_size:
+        raise APIError(400, f"attention needs the prompt and max_tokens to fit one context of {config.block_size} "
+                       f"tokens; this request may reach {longest}", "attention")
+    need = len(prompts) * max_tokens * len(layers) * len(heads) * longest
+    if need > MAX_API_WEIGHTS:
+        raise APIError(400, f"attention of this request is up to {need:,} weights; the server returns at most "
+                       f"{MAX_API_WEIGHTS:,} (ask fewer layers, heads, tokens or choices)", "attention")
+
+
+def completion_attention(served, field, prompt: list[int], new: list[int]) -> dict:
+    """The weights each new token was chosen with: for each token of ``new``, the row of the query before it over
+    the keys up to that query, in the chosen layers and heads ([token][layer][head][key])."""
+    layers, heads = chosen(field, served.model.config)
+    ids = (prompt + new)[:-1] if new else prompt
+    idx = torch.tensor([ids], device=next(served.model.parameters()).device)
+    with served.engine.lock:  # the recorder swaps the layers' kernels: no decoding step may run meanwhile
+        maps = attention_maps(served.model, idx)[layers][:, heads]  # (layers, heads, T, T)
+    rows = range(len(prompt) - 1, len(prompt) - 1 + len(new))
+    return {"layers": layers, "heads": heads, "tokens": token_labels(served.tokenizer, ids),
+            "weights": [[[[round(float(w), 4) for w in head[q, :q + 1]] for head in layer] for layer in maps]
+                        for q in rows], "views": design_views(served.model.config)}

@@ -89,8 +89,17 @@ class _Sampling(_Body):
         return stop
 
 
+class AttentionField(_Body):
+    """The completions extension ``attention``: the weights each new token was chosen with, in these layers and
+    heads (all of either when not given)."""
+
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]] = ""
+    attention: AttentionField | None = None  # extension: the attention of each new token (docs/serving.md)
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None

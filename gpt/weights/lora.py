@@ -26,7 +26,7 @@ def target_modules(model: nn.Module) -> list[str]:
     for block_name, block in model.named_modules():
         if not isinstance(block, Block):
             continue
-        for part_name, part in (("attn", block.attn), ("mlp", block.mlp)):
+        for part_name, part in (("attn", block.attn), ("mlp", getattr(block, "mlp", None))):  # none: attention-only
             if not isinstance(part, (CausalSelfAttention, MLP)):
                 continue
             names += [f"{block_name}.{part_name}.{name}" for name, module in part.named_modules()

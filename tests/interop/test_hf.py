@@ -326,3 +326,17 @@ def test_export_script_refusals_are_one_line(tmp_path):
     assert native.returncode == 0 and not (run / "export" / "modeling_gpt_attention.py").exists(), native.stderr
     bad = run_inline("export", f"ckpt={run}", "format=onnx", "overwrite=true")
     assert bad.returncode == 2 and "format must be one of hf, native" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_attention_only_model_is_refused_by_name_in_gpt2s_layout_and_exports_natively(tmp_path):
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=CHARS.vocab_size, mlp=False)
+    model = randomised(config)
+    with pytest.raises(UserError, match="model.mlp=false cannot be exported in the Hugging Face GPT-2 layout"):
+        hf.check_representable(config)
+    with pytest.raises(UserError, match="model.mlp=false .attention-only blocks. has no Hugging Face layout"):
+        formats.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "hf", format="hf")
+    assert not (tmp_path / "hf").exists()
+    out = formats.export(model.state_dict(), config, CHARS.to_meta(), tmp_path / "exp", format="native")
+    config_back, state, _ = pretrained.load_weights(out)
+    assert not config_back.mlp and set(state) == set(model.state_dict())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from conftest import perturbed_model, run_script
 from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
-from gpt.interpret.heads import role_scores, token_losses
+from gpt.interpret.heads import detect, induction_ablation, repeated_tokens, role_scores, token_losses
 from gpt.interpret.lens import direct_attribution, logit_lens
 from gpt.interpret.patching import patch
 
@@ -37,6 +37,53 @@ def test_role_scores_read_the_previous_the_duplicate_and_the_next_token():
     assert role_scores(previous, n)["induction"].tolist() == [0.0, 0.0]
     scores = role_scores(induction, n)
     assert scores["induction"].tolist() == [1.0, 1.0] and scores["duplicate_token"].tolist() == [0.0, 0.0]
+
+
+def induction_circuit(V=16, T=32):
+    """A hand-built two-layer attention-only induction circuit (Olsson et al.): L0H0 attends to the previous position
+    (learned positions) and writes its token into a subspace; L1H0 matches the current token against that subspace,
+    attends to the token after the earlier occurrence and writes it out; the head reads it. L0H1, L1H1 are silent."""
+    from gpt import GPT, GPTConfig
+    D = 40  # a head's width: 3 * V + T = 2 * D features (token, position, previous token, output)
+    m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=2 * D, block_size=T, vocab_size=V, bias=False, norm="rmsnorm",
+                      mlp=False, tie_head=False)).eval()
+    tok, pos, prev, out, C, eye = 0, V, V + T, 2 * V + T, 2 * D, torch.eye(V)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+        for norm in (m.transformer.h[0].ln_1, m.transformer.h[1].ln_1, m.transformer.ln_f):
+            norm.weight.fill_(1.0)
+        m.transformer.wte.weight[:, tok:tok + V] = eye
+        m.transformer.wpe.weight[:, pos:pos + T] = torch.eye(T)
+        (w0, p0), (w1, p1) = [(h.attn.c_attn.weight, h.attn.c_proj.weight) for h in m.transformer.h]
+        w0[:T, pos:pos + T] = 4 * torch.eye(T)  # query: my position; key: the position after it
+        w0[C + 1:C + T, pos:pos + T - 1] = torch.eye(T - 1)
+        w0[2 * C:2 * C + V, tok:tok + V], p0[prev:prev + V, :V] = eye, 0.2 * eye
+        w1[:V, tok:tok + V], w1[C:C + V, prev:prev + V] = 4 * eye, eye  # query: my token; key: the previous one
+        w1[2 * C:2 * C + V, tok:tok + V], p1[out:out + V, :V] = eye, eye
+        m.lm_head.weight[:, out:out + V] = 10 * eye
+    return m
+
+
+def test_the_detector_finds_a_hand_built_induction_circuit_and_ablating_it_costs_the_second_repeat():
+    m = induction_circuit()
+    scores = detect(m, batch=8)
+    assert scores["previous_token"][0, 0] > 0.95 and scores["induction"][1, 0] > 0.95
+    others = torch.ones(2, 2, dtype=torch.bool)
+    others[1, 0] = False
+    assert scores["induction"][others].max() < 0.1
+    result = induction_ablation(m, scores["induction"], repeated_tokens(torch.arange(16), 16, 8, 1), 16)
+    assert result["induction_heads"] == [(1, 0)] and result["other_heads"] == [(1, 1)]
+    assert result["loss_second_repeat"] < 0.1 < 20 < result["loss_first_repeat"]
+    assert result["ablated_induction"] > 2 and abs(result["ablated_others"]) < 1e-6
+
+
+def test_no_token_comes_twice_in_a_repeat_when_the_pool_has_enough():
+    pool = torch.arange(100, 162)  # a character model's letters and digits
+    tokens = repeated_tokens(pool, 62, 4, 0)
+    assert torch.equal(tokens[:, :62], tokens[:, 62:])
+    assert all(sorted(row.tolist()) == pool.tolist() for row in tokens[:, :62])
+    assert repeated_tokens(pool, 100, 2, 0).shape == (2, 200)  # longer than the pool: drawn with replacement
 
 
 @pytest.mark.parametrize("settings", [{}, {"designs": ["rope"]}, {"designs": ["diff"]},

@@ -26,22 +26,30 @@ def commands() -> list[list[str]]:
 def test_the_experiment_runs_as_written(tmp_path, data_args):
     lines = commands()
     scripts = [line[:2] for line in lines]
-    assert scripts == [["python", "scripts/train.py"]] * 2 + [["python", "scripts/interpret.py"]] * 2
+    assert scripts[0] == ["python", "scripts/train.py"] and scripts[1:] and all(
+        script == ["python", "scripts/interpret.py"] for script in scripts[1:])
     for line in lines:
         name = line[1].removeprefix("scripts/").removesuffix(".py")
-        extra = [*FAST, *data_args] if name == "train" else ["device=cpu", "batch=2"]
+        extra = [*FAST, *data_args] if name == "train" else ["device=cpu", "batch=2", "prompt=def_f0_1"]  # the
+        # test corpus's characters
         result = run_script(name, *line[2:], *extra, cwd=tmp_path, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
-    for run in ("runs/induction_rope", "runs/induction_rope256"):
-        log = (tmp_path / run / "train.log").read_text()
-        assert re.search(r"step 10 heads: induction_best [\d.]+, previous_token_best [\d.]+, in_context_loss", log)
-        result = json.loads((tmp_path / run / "interpret" / "heads.json").read_text())
-        assert set(result["scores"]) == {"previous_token", "duplicate_token", "induction"}
-        assert (tmp_path / run / "interpret" / "heads.png").read_bytes()[:4] == b"\x89PNG"
+    run = tmp_path / option(lines[0], "out_dir")
+    log = (run / "train.log").read_text()
+    assert re.search(r"step 10 heads: induction_best [\d.]+, previous_token_best [\d.]+, in_context_loss", log)
+    analyses = {option(line, "analysis"): tmp_path / option(line, "out") for line in lines[1:]}
+    result = json.loads((analyses["heads"] / "heads.json").read_text())
+    assert set(result["scores"]) == {"previous_token", "duplicate_token", "induction"}
+    assert (analyses["heads"] / "heads.png").read_bytes()[:4] == b"\x89PNG"
+    assert (analyses["ablation"] / "ablation.json").is_file()
     without = run_script("train", *lines[0][2:], *FAST, *data_args, "train.heads=false", "out_dir=runs/plain",
                          cwd=tmp_path, timeout=600)
     assert without.returncode == 0, without.stderr[-3000:]
-    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("runs/plain",
-                                                                                     "runs/induction_rope")]
+    summaries = [json.loads((path / "summary.json").read_text()) for path in (tmp_path / "runs/plain", run)]
     for key in ("final_train_loss", "final_val_loss"):  # the head scores change no training number
         assert summaries[0][key] == summaries[1][key], key
+
+
+def option(line: list[str], key: str) -> str:
+    """The value a command line gives ``key=``."""
+    return next(arg.split("=", 1)[1] for arg in line if arg.startswith(key + "="))

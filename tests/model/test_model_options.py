@@ -69,11 +69,34 @@ def test_a_checkpoint_with_an_untied_relu2_model_reads_back_as_trained(tmp_path)
     assert torch.equal(again(idx)[0], trained(idx)[0])
 
 
+def test_an_attention_only_model_has_no_mlp_and_reads_back_from_a_checkpoint(tmp_path):
+    from gpt.interpret import hook_points, run_with_cache
+    from gpt.model.flops import per_token
+
+    trained = model(mlp=False)
+    assert not any(".mlp." in name or ".ln_2." in name for name, _ in trained.named_parameters())
+    assert not any("hook_mlp_out" in name for name in hook_points(trained))
+    assert per_token(trained.config) < per_token(model().config)
+    _, cache = run_with_cache(trained, torch.randint(0, 40, (2, 8)), ["blocks.*.hook_resid_mid",
+                                                                       "blocks.*.hook_resid_post"])
+    for layer in range(2):  # a block is x + attn(ln_1(x)), nothing after
+        assert torch.equal(cache[f"blocks.{layer}.hook_resid_mid"], cache[f"blocks.{layer}.hook_resid_post"])
+    checkpoint.save({"model": trained.state_dict(), "model_config": trained.config.to_dict(),
+                     "tokenizer": {"kind": "char", "chars": [chr(65 + i) for i in range(40)],
+                                   "vocab_size": 40}}, tmp_path / "ckpt.pt")
+    config, state, _ = load_weights(tmp_path / "ckpt.pt")
+    again = GPT(config)
+    again.load_state_dict(state)
+    idx = torch.randint(0, 40, (2, 8))
+    assert not config.mlp and torch.equal(again(idx)[0], trained(idx)[0])
+
+
 @pytest.mark.parametrize("option, value, message", [
     ("activation", "swiglu", "model.activation must be one of gelu_tanh, gelu, relu2, got 'swiglu'"),
     ("tie_head", "yes", "model.tie_head must be true or false, got 'yes'"),
     ("zero_init_proj", 1, "model.zero_init_proj must be true or false, got 1"),
     ("norm", "batchnorm", "model.norm must be one of layernorm, rmsnorm, got 'batchnorm'"),
+    ("mlp", "no", "model.mlp must be true or false, got 'no'"),
 ])
 def test_bad_model_options_are_refused_with_the_valid_values(option, value, message):
     with pytest.raises(ConfigError) as err:

@@ -218,6 +218,13 @@ BAD = [  # (body, status, what the message says)
     ({"model": "SMALL", "prompt": [5, 99999]}, 400, "token id 99999 is outside"),
     ({"model": "SMALL", "prompt": "a" * 129}, 400, "maximum context length is 128 tokens"),
     ({"model": "SMALL", "prompt": "a" * 30_000}, 413, "at most 20,000"),
+    ({"model": "SMALL", "prompt": "a", "attention": {"layers": [4]}}, 400,
+     "attention.layers must be distinct numbers from 0 to 3"),
+    ({"model": "SMALL", "prompt": "a", "attention": {"heads": []}}, 400, "attention.heads must be distinct"),
+    ({"model": "SMALL", "prompt": "a", "attention": {"head": [1]}}, 400, "unrecognized request argument"),
+    ({"model": "SMALL", "prompt": "a", "attention": {}, "stream": True}, 400, "with stream=false only"),
+    ({"model": "SMALL", "prompt": "a" * 100, "attention": {}, "max_tokens": 30}, 400, "fit one context of 128"),
+    ({"model": "SMALL", "prompt": "a", "attention": {}, "max_tokens": 127, "n": 8}, 400, "at most 1,048,576"),
 ]
 
 
@@ -470,6 +477,23 @@ def test_attention_pictures_are_the_maps_of_each_tokens_context(server):
                                                                   "prompt_tokens": prompt, "position": 5,
                                                                   **body}).encode())
         assert status == 400 and message in answer["error"]["message"], answer
+
+
+def test_the_attention_field_returns_the_weights_each_new_token_was_chosen_with(server):
+    from gpt.inference.visualize import attention_maps
+
+    url, ids, models = server
+    status, out = post(url + "/v1/completions", json.dumps({
+        "model": ids["mla"], "prompt": "def f(x):", "seed": 1, "max_tokens": 6, "return_token_ids": True,
+        "attention": {"layers": [1], "heads": [0, 2]}}).encode())
+    choice = out["choices"][0]
+    prompt, new, got = choice["prompt_token_ids"], choice["token_ids"], choice["attention"]
+    assert status == 200 and got["layers"] == [1] and got["heads"] == [0, 2] and len(got["weights"]) == len(new)
+    maps = attention_maps(models[ids["mla"]].model, torch.tensor([prompt + new[:-1]]))[1][[0, 2]]
+    for k, weights in enumerate(got["weights"]):  # new token k was chosen by the query before it
+        query = len(prompt) - 1 + k
+        torch.testing.assert_close(torch.tensor(weights), maps[None, :, query, :query + 1], atol=1e-4, rtol=0)
+    assert len(got["tokens"]) == len(prompt) + len(new) - 1
 
 
 @needs_gpt2
