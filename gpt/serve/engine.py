@@ -25,7 +25,7 @@ from gpt.errors import UserError
 from gpt.inference.decoding import left_pad, prefill, sample_rows
 from gpt.inference.text import TextStream
 from gpt.model import GPT
-from gpt.model.kv_cache import KVCache, refusal
+from gpt.model.kv_cache import KVCache, endless, refusal
 from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
 from gpt.serve.prefix_cache import PrefixCache, cacheable, layer_tensors
 from gpt.serve.speculate import guesses_for, keep, speculable, verify
@@ -141,6 +141,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.lock = threading.Lock()  # one forward pass of the model at a time (attention pictures take it too)
         self.pool = (SlotPool if pooled(model) else SoloPool)(model, max_batch, self.device)
+        self.endless = endless(model.config)  # a window's ring: decoding runs past block_size, never slides
         cacheable_ = isinstance(self.pool, SlotPool) and cacheable(KVCache(model.config, 1, self.device))
         self.prefix = PrefixCache(prefix_blocks) if prefix_blocks and cacheable_ else None  # None: no prefix cache
         # tokens of prompts prefilled per step, between decode steps (0: whole prompts); a ring cannot take chunks
@@ -261,7 +262,8 @@ class Engine:
         refill = []
         for row in reversed(range(len(pool.rows))):
             seq = pool.rows[row]
-            if len(seq.ids) - seq.start > block:  # stream's slide: its last block_size // 2 tokens, prefilled again
+            if len(seq.ids) - seq.start > block and not self.endless:  # stream's slide: its last block_size // 2
+                # tokens, prefilled again (a window's ring never slides: it decodes on past block_size, as stream)
                 seq.start = len(seq.ids) - block // 2
                 refill.append(pool.release(row))
         self._filling += [self._begin(seq) for seq in [*reversed(refill), *joined]]
