@@ -54,6 +54,8 @@ def atomic_write_all(files: list[tuple[Path, Callable[[BinaryIO], None]]], what:
                     write(f)
                     f.flush()
                     os.fsync(f.fileno())
+            if stopped:  # a stop noted while writing whose KeyboardInterrupt something swallowed: no rename either
+                raise interrupt(stopped[0])
         with signals_deferred():
             for tmp, path in written:
                 os.replace(tmp, path)
