@@ -54,16 +54,23 @@ def test_zero_init_projections_start_at_zero_and_leave_every_other_draw_as_gpt2s
             assert torch.equal(a, b), name
 
 
-def test_a_checkpoint_with_an_untied_relu2_model_reads_back_as_trained(tmp_path):
-    trained = model(tie_head=False, activation="relu2")
-    with torch.no_grad():
-        trained.lm_head.weight.add_(1.0)  # differs from wte
+def read_back(trained: GPT, tmp_path) -> GPT:
+    """``trained`` saved as a checkpoint and built again from it (its config and weights as the file holds them)."""
     checkpoint.save({"model": trained.state_dict(), "model_config": trained.config.to_dict(),
                      "tokenizer": {"kind": "char", "chars": [chr(65 + i) for i in range(40)],
                                    "vocab_size": 40}}, tmp_path / "ckpt.pt")
     config, state, _ = load_weights(tmp_path / "ckpt.pt")
     again = GPT(config)
     again.load_state_dict(state)
+    return again
+
+
+def test_a_checkpoint_with_an_untied_relu2_model_reads_back_as_trained(tmp_path):
+    trained = model(tie_head=False, activation="relu2")
+    with torch.no_grad():
+        trained.lm_head.weight.add_(1.0)  # differs from wte
+    again = read_back(trained, tmp_path)
+    config = again.config
     assert not config.tie_head and config.activation == "relu2"
     idx = torch.randint(0, 40, (2, 8))
     assert torch.equal(again(idx)[0], trained(idx)[0])
@@ -81,12 +88,8 @@ def test_an_attention_only_model_has_no_mlp_and_reads_back_from_a_checkpoint(tmp
                                                                        "blocks.*.hook_resid_post"])
     for layer in range(2):  # a block is x + attn(ln_1(x)), nothing after
         assert torch.equal(cache[f"blocks.{layer}.hook_resid_mid"], cache[f"blocks.{layer}.hook_resid_post"])
-    checkpoint.save({"model": trained.state_dict(), "model_config": trained.config.to_dict(),
-                     "tokenizer": {"kind": "char", "chars": [chr(65 + i) for i in range(40)],
-                                   "vocab_size": 40}}, tmp_path / "ckpt.pt")
-    config, state, _ = load_weights(tmp_path / "ckpt.pt")
-    again = GPT(config)
-    again.load_state_dict(state)
+    again = read_back(trained, tmp_path)
+    config = again.config
     idx = torch.randint(0, 40, (2, 8))
     assert not config.mlp and torch.equal(again(idx)[0], trained(idx)[0])
 
