@@ -1,7 +1,9 @@
 """Streaming over a long stream of held-out text (StreamingLLM: a sliding window with sink tokens): the model reads
 ``--tokens`` tokens of the held-out split (its files concatenated) one decoding step at a time through one KV cache
 that never slides or refills, and records the mean loss of each ``--every`` tokens, the cache's bytes and the
-process's resident memory (VmRSS) as it goes (docs/long-context.md quotes its output).
+process's resident memory (VmRSS) as it goes; then the same tokens scored by the model as trained (full attention)
+in windows of block_size, the reference each window's loss is divided by: the text's own difficulty, which moves a
+window's loss far more than the stream's length does (docs/long-context.md quotes its output).
 
     python benchmarks/stream_long.py runs/base128 --tokens 100000 --window 64 --sinks 4 \\
         --out benchmarks/results/long_context/stream.json --plot docs/img/stream_long.png
@@ -61,16 +63,62 @@ def stream_losses(model, tokens, n: int, every: int, log=print) -> list[dict]:
     return records
 
 
+@torch.no_grad()
+def full_context_losses(model, tokens, n: int, batch: int = 32) -> torch.Tensor:
+    """The reference: the same stream's targets 1..n scored by the model as trained (full attention, no cache) in
+    consecutive windows of block_size tokens, each target given what precedes it in its window; (n,) losses."""
+    block = model.config.block_size
+    ids = torch.from_numpy(tokens[:n + 1].astype("int64"))
+    starts = list(range(0, n, block))
+    losses = []
+    for i in range(0, len(starts), batch):
+        group = [s for s in starts[i:i + batch] if s + block <= n]  # whole windows, several a forward
+        if group:
+            x = torch.stack([ids[s:s + block + 1] for s in group])
+            logits, _ = model(x[:, :-1])
+            losses.append(F.cross_entropy(logits.double().flatten(0, 1), x[:, 1:].flatten(), reduction="none"))
+        for s in starts[i:i + batch][len(group):]:  # the last window, shorter
+            logits, _ = model(ids[None, s:n])
+            losses.append(F.cross_entropy(logits[0].double(), ids[s + 1:n + 1], reduction="none"))
+    return torch.cat(losses)
+
+
+def compared(records: list[dict], reference: torch.Tensor, every: int, first: int = 3) -> dict:
+    """Each window's full-context loss and the stream's ratio to it, added to its record; and how far the raw loss
+    and the ratio stray from their first ``first`` windows' mean (the issue's +-2% band, measured both ways)."""
+    for r in records:
+        r["full_loss"] = float(reference[r["tokens"] - every:r["tokens"]].mean())
+        r["ratio"] = r["loss"] / r["full_loss"]
+
+    def band(key: str) -> dict:
+        start = sum(r[key] for r in records[:first]) / first
+        worst = max(abs(r[key] / start - 1) for r in records)
+        return {"first_windows": start, "max_relative_deviation": worst,
+                "windows_within_2_percent": sum(abs(r[key] / start - 1) <= 0.02 for r in records)}
+
+    return {"windows": len(records), "raw_loss": band("loss"), "ratio_to_full_context": band("ratio"),
+            "mean_loss": sum(r["loss"] for r in records) / len(records),
+            "mean_full_loss": float(reference[:records[-1]["tokens"]].mean())}
+
+
 def plot(records: list[dict], path: Path, title: str) -> None:
+    """Three panels over the stream: each window's loss (streamed, and full context), their ratio, memory."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x = [r["tokens"] for r in records]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    top.plot(x, [r["loss"] for r in records], marker=".")
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    top.plot(x, [r["loss"] for r in records], marker=".", label="streamed (window and sinks)")
+    top.plot(x, [r["full_loss"] for r in records], marker=".", label="full context, windows of block_size")
     top.set_ylabel("loss per window (nats)")
-    top.set_title(title, fontsize=9)
+    top.set_title(title, fontsize=7)
+    top.legend(fontsize=8)
+    middle.plot(x, [r["ratio"] for r in records], marker=".", color="tab:red")
+    first = sum(r["ratio"] for r in records[:3]) / min(3, len(records))
+    middle.axhspan(first * 0.98, first * 1.02, color="tab:red", alpha=0.1, label="+-2% of the first 3 windows")
+    middle.set_ylabel("streamed / full context")
+    middle.legend(fontsize=8)
     bottom.plot(x, [r["rss_mib"] for r in records], marker=".", label="resident memory (MiB)")
     bottom.plot(x, [r["cache_bytes"] / 2**20 for r in records], marker=".", label="KV cache (MiB)")
     bottom.set_ylabel("MiB")
@@ -91,8 +139,8 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="draw loss and memory over the stream here (PNG)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer, _ = load(args.ckpt, "cpu")
-    model = streaming(model, args.window, args.sinks)
+    trained, tokenizer, _ = load(args.ckpt, "cpu")
+    model = streaming(trained, args.window, args.sinks)
     if not endless(model.config):
         sys.exit("error: this model's cache cannot run past block_size (it needs RoPE and a window shorter than "
                  "block_size): give --window")
@@ -102,9 +150,19 @@ def main() -> None:
     c = model.config
     setting = (f"{c.n_layer} layers x {c.n_embd} wide, block_size {c.block_size}, window {c.window}, "
                f"{c.design_options.get('stream', {}).get('sinks', 0)} sink tokens; {n:,} held-out tokens of {data.dir}")
-    print(f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, one thread; {setting}")
+    print(f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, one thread; {setting}; "
+          f"load average {os.getloadavg()[0]:.1f}")
     records = stream_losses(model, tokens, n, args.every)
-    result = {"ckpt": args.ckpt, "setting": setting, "torch": torch.__version__, "records": records}
+    summary = compared(records, full_context_losses(trained, tokens, n), args.every)
+    for key in ("raw_loss", "ratio_to_full_context"):
+        b = summary[key]
+        print(f"{key}: first windows {b['first_windows']:.4f}, largest deviation {b['max_relative_deviation']:.1%}, "
+              f"{b['windows_within_2_percent']} of {summary['windows']} windows within 2%")
+    summary["load_average_at_end"] = os.getloadavg()
+    print(f"mean loss {summary['mean_loss']:.4f} streamed, {summary['mean_full_loss']:.4f} full context in windows "
+          f"of block_size; load average at the end {summary['load_average_at_end'][0]:.1f}")
+    result = {"ckpt": args.ckpt, "setting": setting, "torch": torch.__version__, "summary": summary,
+              "records": records}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

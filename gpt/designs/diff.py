@@ -42,6 +42,11 @@ class DiffAttention(CausalSelfAttention):
         q2, k2 = super().transform(q2, k2, ctx)
         return torch.cat([q1, q2], dim=-1), torch.cat([k1, k2], dim=-1)
 
+    def transform_cached(self, k: Tensor, ctx) -> Tensor:
+        """The parts' transforms of the cached keys, each half by itself (as transform)."""
+        k1, k2 = k.chunk(2, dim=-1)
+        return torch.cat([super().transform_cached(k1, ctx), super().transform_cached(k2, ctx)], dim=-1)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx) -> Tensor:
         """Each map through the kernel; q (B, nh, T, hs), k, v (B, nkv, Tk, hs) -> (B, nh, T, hs)."""
         kwargs = self.kernel_kwargs(ctx)

@@ -37,17 +37,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated.to(x.dtype)
 
 
-def angles_for(ctx, width: int, key: str = "rope", base: float = 10000.0,
-               scaling: dict | None = None) -> tuple[Tensor, Tensor]:
-    """The angles of this forward pass's positions for ``width`` features, computed by the first layer that asks
-    and kept in the context for the others (a layout's kinds each have their own context, so their own base and
-    scaling): (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
+def angles_for(ctx, width: int, key: str = "rope", base: float = 10000.0, scaling: dict | None = None,
+               positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The angles of this forward pass's positions (or of ``positions``) for ``width`` features, computed by the
+    first layer that asks and kept in the context under ``key`` for the others (a layout's kinds each have their own
+    context, so their own base and scaling): (T, width/2) each, or (B, 1, T, width/2) for per-row positions."""
     if key not in ctx.extras:
+        positions = ctx.positions if positions is None else positions
         if scaling is None:
-            cos, sin = rope_angles(ctx.positions, width, base)
+            cos, sin = rope_angles(positions, width, base)
         else:
-            cos, sin = rope_scaling.angles(ctx.positions, width, base, scaling)
-        ctx.extras[key] = (cos, sin) if ctx.positions.dim() == 1 else (cos[:, None], sin[:, None])
+            cos, sin = rope_scaling.angles(positions, width, base, scaling)
+        ctx.extras[key] = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])
     return ctx.extras[key]
 
 
@@ -109,9 +110,22 @@ class Rope(Design):
         layer.rope_base = float(self.option(config, "base"))
         layer.rope_scaling = self.option(config, "scaling")
 
+    def context(self, ctx, config) -> None:
+        """An endless cache (kv_cache.endless: a window's ring, with sink tokens or not) keeps keys un-rotated and
+        numbers positions inside itself, as StreamingLLM does (Slots.renumbered): the keys are turned at those
+        positions after the cache (cached), the query at its own, so no angle grows with the stream."""
+        if ctx.cache is not None and ctx.cache.renumber:
+            ctx.positions, ctx.key_positions = ctx.cache.renumbered(ctx)
+
     def qk(self, layer, q, k, ctx):
         cos, sin = angles_for(ctx, layer.qk_dim, base=layer.rope_base, scaling=layer.rope_scaling)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), k if ctx.key_positions is not None else apply_rope(k, cos, sin)
+
+    def cached(self, layer, k, ctx):
+        if ctx.key_positions is None:
+            return k
+        cos, sin = angles_for(ctx, layer.qk_dim, "rope_keys", layer.rope_base, layer.rope_scaling, ctx.key_positions)
+        return apply_rope(k, cos, sin)
 
     def activations(self, config, batch, seq, act, fused) -> int:
         return batch * seq * act * (config.n_embd + config.n_kv_head * config.head_dim)  # the rotated q and k

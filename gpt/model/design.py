@@ -97,6 +97,11 @@ class Design:
         """Transform queries (B, H, T, D) and keys (B, Hkv, T, D) before the cache and the kernel."""
         return q, k
 
+    def cached(self, layer: Any, k: Tensor, ctx: Any) -> Tensor:
+        """Transform the keys (B, Hkv, Tk, D) a KV cache returned, before the kernel: RoPE turns those an endless
+        cache keeps un-rotated at their positions inside it (Context.key_positions)."""
+        return k
+
     def scores(self, layer: Any, ctx: Any) -> dict[str, Any]:
         """Kernel keywords modifying the scores (its kernel_options: softcap, bias, sink)."""
         return {}

@@ -39,6 +39,9 @@ class Context:
     window: int | None  # the sliding window the kernel applies
     start: int | None  # index of the first token; None in a compiled one-token step (index, a tensor, holds it)
     cache: Slots | None = None  # the kind's slots (its layers: cache.layers[i])
+    # the positions of the keys the cache returns, where it keeps them un-rotated and they are turned at these
+    # (an endless cache's numbering inside the ring, Slots.renumbered; set by RoPE); None: keys turn as they arrive
+    key_positions: Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # per-forward values of designs: RoPE angles, a bias
 
     def layer_cache(self, layer: int) -> Any:
@@ -104,6 +107,7 @@ class CausalSelfAttention(nn.Module):
         cache = ctx.layer_cache(self.layer)
         if cache is not None:
             k, v = cache.update(k, v, ctx)  # (B, nkv, Tk, hs): the prompt's own keys, or every cached one
+            k = self.transform_cached(k, ctx)
         return q, k, v
 
     def transform(self, q: Tensor, k: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
@@ -111,6 +115,13 @@ class CausalSelfAttention(nn.Module):
         for part in self.parts:
             q, k = part.qk(self, q, k, ctx)
         return q, k
+
+    def transform_cached(self, k: Tensor, ctx: Context) -> Tensor:
+        """The parts' transforms of the keys (B, nkv, Tk, d) a cache returned: RoPE turns those an endless cache
+        keeps un-rotated at their positions inside it (Context.key_positions)."""
+        for part in self.parts:
+            k = part.cached(self, k, ctx)
+        return k
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> Tensor:
         return self.kernel(q, k, v, **self.kernel_kwargs(ctx))

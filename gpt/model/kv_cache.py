@@ -72,6 +72,8 @@ def keep(store: Tensor | None, new: Tensor, ctx: Context, dim: int, size: int) -
 class LayerKV:
     """One layer's keys and values, (B, Hkv, size, D) each, allocated on first use in the keys' dtype."""
 
+    sinks = 0  # keys kept apart before the ring (StreamingLLM's sink tokens: gpt.designs.stream.SinkKV)
+
     def __init__(self, config: GPTConfig, cache: Slots) -> None:
         self.size = self.tokens = cache.size  # slots; tokens its bytes stand for (the arena's bytes per token)
         self.k: Tensor | None = None
@@ -121,8 +123,11 @@ class KVCache:
         self.layers: list[Any] = []
         self.slots = {name: Slots(kind, batch_size, device, self.layers) for name, kind in config.kinds().items()}
         for i in range(config.n_layer):
-            kind = config.layer(i)
-            self.layers.append((designs.cache_kind(kind) or LayerKV)(kind, self.slots[config.kind_of(i)]))
+            kind, slots = config.layer(i), self.slots[config.kind_of(i)]
+            self.layers.append((designs.cache_kind(kind) or LayerKV)(kind, slots))
+            slots.sinks = max(slots.sinks, getattr(self.layers[-1], "sinks", 0))
+        for slots in self.slots.values():  # an endless cache numbers positions inside its rings (Slots.renumbered)
+            slots.renumber = endless(config)
 
     @property
     def length(self) -> int:
@@ -163,6 +168,8 @@ class Slots:
         self.pos = torch.zeros((), dtype=torch.long, device=device)
         self.key_mask = torch.zeros(batch_size, self.size, dtype=torch.bool, device=device)  # slot holds a real token
         self.layers = layers
+        self.sinks = 0  # sink tokens' keys its layers keep apart before the ring (KVCache sets it)
+        self.renumber = False  # positions numbered inside the ring (KVCache sets it for an endless cache)
 
     @property
     def length(self) -> int:
@@ -200,6 +207,26 @@ class Slots:
         self.key_mask.index_copy_(1, index % self.size, new)
         self.pos.add_(1)
         return Step(None, index, self.key_mask, key_mask, None)
+
+    def renumbered(self, ctx: Context) -> tuple[Tensor, Tensor]:
+        """StreamingLLM's positions inside the cache: (query positions, key positions) of this step, for the keys a
+        layer's update returns in their order (the sinks the ring no longer holds first, then the ring's slots).
+        The prompt keeps its own positions; a decoding step numbers what the cache holds 0, 1, ... in sequence
+        order (the sinks the ring dropped, then the ring's tokens, oldest first), the new token last. A slot's
+        distance to the query is its distance in the sequence, so only the sinks' distances change: they stay
+        below sinks + window however long the stream."""
+        if ctx.start == 0:
+            return ctx.positions, ctx.positions
+        last = ctx.index[-1]  # the new token's index (a tensor in a fixed-shape step)
+        filled = self.size if ctx.start is None else min(ctx.start + 1, self.size)
+        distance = (last - torch.arange(filled, device=last.device)) % self.size  # (filled,) slot s to the query
+        gone = (last + 1 - self.size).clamp(min=0, max=self.sinks)  # sinks the ring no longer holds
+        query = gone + (last + 1).clamp(max=self.size) - 1
+        keys = query - distance
+        if self.sinks:  # a fixed-shape step reads every sink (the mask hides those still in the ring), else the gone
+            held = self.sinks if ctx.start is None else min(self.sinks, max(0, ctx.start + 1 - self.size))
+            keys = torch.cat([torch.arange(held, device=last.device), keys])
+        return query.view(1), keys
 
     def key_index(self, step: Step) -> Tensor:
         """(Tk,) the sequence index of each key LayerKV.update returned for ``step``, in its order (ALiBi needs

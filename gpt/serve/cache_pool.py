@@ -66,6 +66,7 @@ class SlotPool:
         self.size, self.slots, self.device = kind.size, slots, device
         self.ring = kind.window is not None  # the stores are a sliding window's ring
         self.sinks = max((layer.sinks for layer in probe.layers if isinstance(layer, SinkKV)), default=0)
+        self.renumber = kind.renumber  # an endless cache: positions numbered inside the ring (_View.renumbered)
         self.rows: list[Any] = []  # the sequence in each slot in use
         self.stores: list[dict[str, list[Tensor]]] = [{} for _ in self.kinds]  # allocated at the first insert
         self.key_mask = torch.zeros(slots, self.size, dtype=torch.bool, device=device)  # a slot holds the row's token
@@ -160,6 +161,7 @@ class _View(Slots):
         self.pool, self.lo, self.full, b = pool, lo, full, len(pool.rows)
         self.slots = {None: self}  # the model's contexts read a kind's slots here (KVCache.slots)
         self.size, self.window, self.max_length = hi - lo, None, None  # window None: no hook reads a global index
+        self.sinks, self.renumber = pool.sinks, pool.renumber
         self.layers, self.views = [], []
         for kind, stores in zip(pool.kinds, pool.stores):
             layer = kind.__new__(kind)
@@ -189,6 +191,20 @@ class _View(Slots):
         # the slot of the new token in the columns read; past the sinks' indices (SinkKV.first keeps index < sinks)
         index = column - self.lo + (pool.size * (pool.sinks // pool.size + 1) if pool.sinks else 0)
         return {None: Step(None, torch.tensor([index], device=pool.device), mask, None, None)}
+
+    def renumbered(self, ctx) -> tuple[Tensor, Tensor]:
+        """Slots.renumbered per row: (B, 1) query positions and (B, Tk) key positions inside each row's cache, for
+        the keys this step reads (every sink, then the columns [lo, hi)), each row at its own length."""
+        pool, b = self.pool, len(self.pool.rows)
+        lengths = pool.lengths[:b, None]  # (B, 1) each row's tokens before this one
+        columns = self.lo + torch.arange(self.size, device=pool.device)
+        distance = (pool.column % pool.size - columns) % pool.size  # (Tk,) each column's distance to the query
+        gone = (lengths + 1 - pool.size).clamp(min=0, max=pool.sinks)
+        query = gone + (lengths + 1).clamp(max=pool.size) - 1
+        keys = query - distance
+        if pool.sinks:
+            keys = torch.cat([torch.arange(pool.sinks, device=pool.device).expand(b, pool.sinks), keys], dim=1)
+        return query, keys
 
     def written(self) -> None:
         """After the step: stores a kind replaced rather than wrote in place (a running state, sink tokens' keys)

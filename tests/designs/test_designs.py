@@ -88,6 +88,12 @@ def test_cached_decoding_equals_the_full_forward(design, settings, kernel):
     with torch.no_grad():
         full, _ = model(seq)
         steps = [model(seq[:, :7], cache=cache)[0]] + [model(seq[:, t:t + 1], cache=cache)[0] for t in range(7, 16)]
+    slots = cache.slots[None] if len(cache.slots) == 1 else None
+    if slots is not None and slots.renumber and slots.sinks:  # StreamingLLM's numbering inside the cache: the sinks
+        # sit nearer than in the full forward once they leave the window, so only the prompt (a full forward) is
+        # compared here; tests/inference/test_streaming.py holds each step to a float64 reference of that numbering
+        torch.testing.assert_close(steps[0], full[:, :7], atol=1e-5, rtol=1e-5)
+        return
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     sharp = model_for(settings, kernel, sharpen=6.0)  # decisive greedy choices; 30 tokens slide past block_size
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
