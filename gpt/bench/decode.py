@@ -30,6 +30,7 @@ from gpt.bench.report import (
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
 from gpt.inference.decoding import decode_step, generate, prefill
+from gpt.inference.weight_layout import gemv_layout
 from gpt.model.config import ModelConfig, ScriptConfig
 from gpt.model.kv_cache import KVCache
 from gpt.weights.load import load
@@ -65,14 +66,6 @@ class BenchDecodeConfig(ScriptConfig):
                               f"{self.contexts} and {self.context_steps}")
 
 
-
-
-
-
-
-
-
-
 def run(cfg: BenchDecodeConfig) -> str:
     """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return markdown tables."""
     device = resolve_device(cfg.device.type)
@@ -85,6 +78,7 @@ def run(cfg: BenchDecodeConfig) -> str:
         torch.manual_seed(0)
         model = GPT(cfg.model.build(cfg.vocab_size)).to(device).eval()
         source = "random weights"
+    gemv_layout(model)  # as the generate and chat commands store a model's weights (on a CPU)
     mc = model.config
     header = (
         f"decode benchmark: {source}, {model.num_params() / 1e6:.2f}M parameters, block_size {mc.block_size}, "
