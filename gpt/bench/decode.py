@@ -25,6 +25,7 @@ from gpt.bench.report import (
     markdown_table,
     median_seconds,
     ratio,
+    ratio_spread,
     sync,
 )
 from gpt.device import DeviceConfig, resolve_device
@@ -122,11 +123,12 @@ def decode_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> st
                                   f"here, so its compilation pays for itself after {pays}")
         rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
                      *(f"{speed[name]:,.0f}" for name in ways),
-                     *(f"{ratio(times, 'recompute', name):.1f}x" for name in ways if name != "recompute"),
+                     *(ratio_spread(times, "recompute", name, 1) for name in ways if name != "recompute"),
                      "yes" if same else "NO"])
     table = markdown_table(
         ["prompt tokens", "prefill ms", "prefill tok/s", *(f"decode tok/s ({name})" for name in ways),
-         *(f"speed-up ({name})" for name in ways if name != "recompute"), "same tokens"],
+         *(f"speed-up ({name}; lowest-highest repeat)" for name in ways if name != "recompute"),
+         "same tokens"],
         rows,
     )
     return table + "".join(f"\n\n{note}" for note in compiled_notes)

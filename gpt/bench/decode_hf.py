@@ -11,7 +11,7 @@ from functools import partial
 import torch
 
 from gpt import GPT
-from gpt.bench.report import compile_step, first_call_seconds, interleaved, markdown_table, ratio
+from gpt.bench.report import compile_step, first_call_seconds, interleaved, markdown_table, ratio, ratio_spread
 from gpt.inference.weight_layout import gemv_layout
 from gpt.model.config import GPTConfig
 
@@ -49,14 +49,15 @@ def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> 
     fns[FLOOR] = partial(read_weights, weights, n)
     times = interleaved(fns, device, cfg.repeats)
     rows = [[name, f"{statistics.median(times[name]) / n * 1e3:.1f}",
-             "1.00x" if name == "transformers generate" else f"{ratio(times, 'transformers generate', name):.2f}x",
+             "1.00x" if name == "transformers generate" else ratio_spread(times, "transformers generate", name),
              "-" if name == FLOOR else "yes" if tokens[name] == tokens["transformers generate"] else "NO"]
             for name in fns]
     name = "GPT-2 124M shape" if shape == GPT2_124M else f"{shape['n_layer']} layers of {shape['n_embd']}"
     head = (f"against transformers {_version()}: {name} ({model.num_params() / 1e6:.1f}M parameters), "
             f"random weights in both, fp32, greedy, batch 1, 16-token prompt, {n} new tokens")
     floor = statistics.median(times[FLOOR]) / n
-    return (head + "\n\n" + markdown_table(["decoder", "ms per token", "speed vs transformers", "same tokens"], rows)
+    return (head + "\n\n" + markdown_table(["decoder", "ms per token", "speed vs transformers (lowest-highest repeat)",
+                                         "same tokens"], rows)
             + note + f"\n\n{FLOOR}: a step reads all {weights.numel() * 4 / 1e6:,.0f} MB of fp32 weights (the tied "
             f"head once); torch.sum over that many bytes took {floor * 1e3:.1f} ms here "
             f"({weights.numel() * 4 / floor / 1e9:.1f} GB/s), so no fp32 decoder of this model takes less a token on "
