@@ -26,7 +26,7 @@ GPT2_MATRICES = {"c_attn": (768, 2304), "attn.c_proj": (768, 768), "c_fc": (768,
 def gemv(rounds: int = 5) -> None:
     """Microseconds of one row times each matrix (enough copies to pass 300 MB, so every read comes from memory)."""
     torch.set_num_threads(1)
-    print("| matrix (in -> out) | (out, in): F.linear, us | (in, out): x @ W, us | (out, in) GB/s | (in, out) GB/s |")
+    print("| matrix (in -> out) | stored (out, in), us | stored (in, out), us | (out, in) GB/s | (in, out) GB/s |")
     print("| --- | --- | --- | --- | --- |")
     for name, (n_in, n_out) in GPT2_MATRICES.items():
         copies = max(3, int(300e6 / (n_in * n_out * 4)))
