@@ -87,7 +87,7 @@ def step_threads(model: GPT, rows: int) -> contextlib.AbstractContextManager:
     """Around a one-token step of ``rows`` sequences on a CPU: one thread when its largest matrix product is small
     (SMALL_STEP), else torch's threads. Such a step is a hundred operations of microseconds each, none worth
     splitting, and a split waits for the other thread at its end: on the shared 2-core machine the default model's
-    cached steps ran 5 to 10x faster on one thread than on two (docs/benchmarks.md). Prefills (and recomputation)
+    cached steps ran 4 to 12x faster on one thread than on two (docs/benchmarks.md). Prefills (and recomputation)
     keep every thread; so do larger models' steps, whose matrix products stream megabytes of weights."""
     device = next(model.parameters()).device
     largest = max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), default=0)
