@@ -25,11 +25,13 @@ from gpt.bench.report import (
     markdown_table,
     median_seconds,
     ratio,
+    ratio_spread,
     sync,
 )
 from gpt.device import DeviceConfig, resolve_device
 from gpt.errors import ConfigError, check_positive
 from gpt.inference.decoding import decode_step, generate, prefill
+from gpt.inference.weight_layout import gemv_layout
 from gpt.model.config import ModelConfig, ScriptConfig
 from gpt.model.kv_cache import KVCache
 from gpt.weights.load import load
@@ -65,14 +67,6 @@ class BenchDecodeConfig(ScriptConfig):
                               f"{self.contexts} and {self.context_steps}")
 
 
-
-
-
-
-
-
-
-
 def run(cfg: BenchDecodeConfig) -> str:
     """Time greedy generation of cfg.new_tokens tokens after prompts of each length; return markdown tables."""
     device = resolve_device(cfg.device.type)
@@ -85,6 +79,7 @@ def run(cfg: BenchDecodeConfig) -> str:
         torch.manual_seed(0)
         model = GPT(cfg.model.build(cfg.vocab_size)).to(device).eval()
         source = "random weights"
+    gemv_layout(model)  # as the generate and chat commands store a model's weights (on a CPU)
     mc = model.config
     header = (
         f"decode benchmark: {source}, {model.num_params() / 1e6:.2f}M parameters, block_size {mc.block_size}, "
@@ -128,11 +123,12 @@ def decode_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> st
                                   f"here, so its compilation pays for itself after {pays}")
         rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
                      *(f"{speed[name]:,.0f}" for name in ways),
-                     *(f"{ratio(times, 'recompute', name):.1f}x" for name in ways if name != "recompute"),
+                     *(ratio_spread(times, "recompute", name, 1) for name in ways if name != "recompute"),
                      "yes" if same else "NO"])
     table = markdown_table(
         ["prompt tokens", "prefill ms", "prefill tok/s", *(f"decode tok/s ({name})" for name in ways),
-         *(f"speed-up ({name})" for name in ways if name != "recompute"), "same tokens"],
+         *(f"speed-up ({name}; lowest-highest repeat)" for name in ways if name != "recompute"),
+         "same tokens"],
         rows,
     )
     return table + "".join(f"\n\n{note}" for note in compiled_notes)

@@ -4,22 +4,28 @@ weights (no hub access needed: the same tensors go into both through gpt.interop
 
 from __future__ import annotations
 
+import copy
 import statistics
 from functools import partial
 
 import torch
 
 from gpt import GPT
-from gpt.bench.report import compile_step, first_call_seconds, interleaved, markdown_table, ratio
+from gpt.bench.report import compile_step, first_call_seconds, interleaved, markdown_table, ratio, ratio_spread
+from gpt.inference.weight_layout import gemv_layout
 from gpt.model.config import GPTConfig
 
 GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, dropout=0.0, bias=True)
 
 
+FLOOR = "floor: reading every weight once a token"
+
+
 def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> str:
-    """ms per token of this project's cached decoding (eager, and compiled with cfg.compile) and of transformers'
-    generate on a model of ``shape``, their ratio and whether the tokens agree; one line saying why not when
-    transformers is missing."""
+    """ms per token of this project's cached decoding (eager with its weights as the generate command stores them,
+    gemv_layout; eager with nn.Linear's own storage; compiled with cfg.compile) and of transformers' generate on a
+    model of ``shape``, their ratio and whether the tokens agree, beside the memory's floor (read_weights); one line
+    saying why not when transformers is missing."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**shape, attention=cfg.model.attention)).to(device).eval()
     twin = hf_twin(model)
@@ -28,24 +34,42 @@ def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> 
     n = cfg.hf_new_tokens
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(device)
+    linear = copy.deepcopy(model)  # nn.Linear's (out, in) storage, as transformers' lm_head keeps it
+    gemv_layout(model)  # as the generate and chat commands load a model
     fns = {"ours, KV cache": partial(ours_greedy, model, prompt, n),
-           "transformers generate": partial(hf_greedy, twin, prompt, n)}
+           "transformers generate": partial(hf_greedy, twin, prompt, n),
+           "ours, KV cache, (out, in) weights": partial(ours_greedy, linear, prompt, n)}
     note = ""
     if cfg.compile:
         step = compile_step(device)
         fns["ours, compiled"] = partial(ours_compiled, model, prompt, n, step)
         note = f"\n\nours, compiled: first call {first_call_seconds(fns['ours, compiled'], device):.1f} s"
     tokens = {name: fn() for name, fn in fns.items()}
+    weights = torch.ones(model.num_params(), device=device)  # the position table: one row a step, not counted
+    fns[FLOOR] = partial(read_weights, weights, n)
     times = interleaved(fns, device, cfg.repeats)
-    ours = [name for name in fns if name.startswith("ours")]
     rows = [[name, f"{statistics.median(times[name]) / n * 1e3:.1f}",
-             f"{ratio(times, 'transformers generate', name):.2f}x" if name in ours else "1.00x",
-             "yes" if tokens[name] == tokens["transformers generate"] else "NO"] for name in fns]
+             "1.00x" if name == "transformers generate" else ratio_spread(times, "transformers generate", name),
+             "-" if name == FLOOR else "yes" if tokens[name] == tokens["transformers generate"] else "NO"]
+            for name in fns]
     name = "GPT-2 124M shape" if shape == GPT2_124M else f"{shape['n_layer']} layers of {shape['n_embd']}"
     head = (f"against transformers {_version()}: {name} ({model.num_params() / 1e6:.1f}M parameters), "
             f"random weights in both, fp32, greedy, batch 1, 16-token prompt, {n} new tokens")
-    return head + "\n\n" + markdown_table(["decoder", "ms per token", "speed vs transformers", "same tokens"],
-                                          rows) + note
+    floor = statistics.median(times[FLOOR]) / n
+    return (head + "\n\n" + markdown_table(["decoder", "ms per token", "speed vs transformers (lowest-highest repeat)",
+                                         "same tokens"], rows)
+            + note + f"\n\n{FLOOR}: a step reads all {weights.numel() * 4 / 1e6:,.0f} MB of fp32 weights (the tied "
+            f"head once); torch.sum over that many bytes took {floor * 1e3:.1f} ms here "
+            f"({weights.numel() * 4 / floor / 1e9:.1f} GB/s), so no fp32 decoder of this model takes less a token on "
+            f"this machine at these threads: at most {ratio(times, 'transformers generate', FLOOR):.2f}x "
+            f"transformers")
+
+
+def read_weights(weights: torch.Tensor, n: int) -> None:
+    """What memory allows n one-token steps: a step reads every weight once, so none takes less than summing a
+    tensor of their bytes (far larger than any cache: every read comes from memory)."""
+    for _ in range(n):
+        weights.sum()
 
 
 def ours_compiled(model: GPT, prompt: torch.Tensor, n: int, step) -> list[int]:

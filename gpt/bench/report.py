@@ -76,6 +76,12 @@ def ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
     """The median over repeats of slow's time / fast's time in the same repeat."""
     return statistics.median(s / f for s, f in zip(times[slow], times[fast]))
 
+
+def ratio_spread(times: dict[str, list[float]], slow: str, fast: str, digits: int = 2) -> str:
+    """ratio's median with the lowest and highest repeat's ratio: "3.9x (3.1-4.4)" (a shared machine's noise)."""
+    each = [s / f for s, f in zip(times[slow], times[fast])]
+    return f"{statistics.median(each):.{digits}f}x ({min(each):.{digits}f}-{max(each):.{digits}f})"
+
 def first_call_seconds(fn: Callable[[], object], device: torch.device) -> float:
     """Wall time of one call (a compiled step's first: its compilation and one decode)."""
     start = time.perf_counter()

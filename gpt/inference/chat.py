@@ -19,6 +19,7 @@ from gpt.errors import ConfigError, UserError, check_positive
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer
 from gpt.inference.decoding import check_sampling, stream
 from gpt.inference.text import TextStream, unescape
+from gpt.inference.weight_layout import gemv_layout
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.weights.load import load
@@ -147,6 +148,7 @@ def load_chat_model(cfg: ChatCommandConfig, renderer: Renderer) -> tuple[GPT, Ch
     except ChatTemplateError as err:
         raise UserError(f"{cfg.ckpt}: its chat template is unusable: {err}",
                         hint="the file is damaged or was not written by this framework") from None
+    gemv_layout(model)  # a CPU's one-token steps read each matrix along its longer side (weight_layout)
     return model, template
 
 

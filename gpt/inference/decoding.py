@@ -65,6 +65,37 @@ def steady(step: Callable) -> contextlib.AbstractContextManager:
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
+SMALL_STEP = 1 << 20  # weights x rows of a step's largest matrix product below which it runs on one CPU thread
+
+
+class OneThread:
+    """A reusable context manager: torch runs on one thread inside it, on as many as before after it."""
+
+    def __init__(self) -> None:
+        self._before: list[int] = []
+
+    def __enter__(self) -> OneThread:
+        self._before.append(torch.get_num_threads())
+        torch.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.set_num_threads(self._before.pop())
+
+
+def step_threads(model: GPT, rows: int) -> contextlib.AbstractContextManager:
+    """Around a one-token step of ``rows`` sequences on a CPU: one thread when its largest matrix product is small
+    (SMALL_STEP), else torch's threads. Such a step is a hundred operations of microseconds each, none worth
+    splitting, and a split waits for the other thread at its end: on the shared 2-core machine the default model's
+    cached steps ran 4 to 12x faster on one thread than on two (docs/benchmarks.md). Prefills (and recomputation)
+    keep every thread; so do larger models' steps, whose matrix products stream megabytes of weights."""
+    device = next(model.parameters()).device
+    largest = max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), default=0)
+    if device.type != "cpu" or torch.get_num_threads() == 1 or largest * rows >= SMALL_STEP:
+        return contextlib.nullcontext()
+    return OneThread()
+
+
 def left_pad(rows: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor | None, Tensor]:
     """Token ids (B, T) padded on the left, the key mask (None when nothing is padded) and positions (B, T).
 
@@ -131,6 +162,7 @@ def stream(
     decode_pin = pin_for(model.config.attention, model.config.attention_backend, device,  # held by a compiled step too
                          compute_dtype(device, next(model.parameters()).dtype), decoding=True)
     endless = kv.endless(model.config)  # a window's ring runs past block_size without sliding
+    threads = step_threads(model, len(rows))
     for _ in range(max_new_tokens):
         slid = not endless and slide(rows, starts, model.config.block_size)
         if cache is None or slid:  # prefill (every step without a cache: recompute the context)
@@ -140,7 +172,7 @@ def stream(
             checked = False
         else:  # decode: one new token per row against the cached keys
             positions = positions[:, -1:] + 1
-            with decode_pin, steady(step) if checked else contextlib.nullcontext():
+            with decode_pin, threads, steady(step) if checked else contextlib.nullcontext():
                 logits = step(model, next_token, positions, cache)
             checked = True
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)

@@ -13,6 +13,7 @@ from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resol
 from gpt.errors import ConfigError, UserError, check_positive
 from gpt.inference.decoding import check_sampling, prompt_ids, stream
 from gpt.inference.text import TextStream, unescape
+from gpt.inference.weight_layout import gemv_layout
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.tokenizers import tokenizer as tok
@@ -111,6 +112,7 @@ def run(cfg: GenerateConfig) -> None:
     kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     model, tokenizer, _ = load(cfg.ckpt, device, kernel, backend, cfg.init_path)
     model = streaming(model, cfg.window, cfg.sinks)
+    gemv_layout(model)  # a CPU's one-token steps read each matrix along its longer side (weight_layout)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:

@@ -98,3 +98,34 @@ def test_skipped_guards_never_run_one_models_compiled_step_for_another():
         assert torch.equal(generate(model, prompt, 20, temperature=0.0, step=step),
                            generate(model, prompt, 20, temperature=0.0))
     assert counter.frame_count >= 2  # the second shape compiled its own step
+
+
+def test_a_small_models_steps_run_on_one_thread_its_prefills_on_all(monkeypatch):
+    """On a CPU with two threads the default-sized model's one-token steps run on one (step_threads), every prefill
+    (each slide's too) on both, and the count is restored after; the tokens are recomputation's. A model whose
+    products are large keeps torch's threads in its steps."""
+    import gpt.inference.decoding as decoding
+
+    seen: dict[str, list[int]] = {"step": [], "prefill": []}
+
+    def step(model, token, positions, cache):
+        seen["step"].append(torch.get_num_threads())
+        return decoding.decode_step(model, token, positions, cache)
+
+    model = sharp_model(0)
+    model.register_forward_pre_hook(
+        lambda module, args: seen["prefill"].append(torch.get_num_threads()) if args[0].size(1) > 1 else None)
+    prompt = torch.tensor([[3, 1, 4]])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        tokens = decoding.generate(model, prompt, 30, temperature=0.0, step=step)  # slides past block_size 16
+        assert set(seen["step"]) == {1} and len(seen["prefill"]) >= 2 and set(seen["prefill"]) == {2}
+        assert torch.get_num_threads() == 2
+        assert torch.equal(tokens, decoding.generate(model, prompt, 30, temperature=0.0, kv_cache=False))
+        seen["step"].clear()
+        monkeypatch.setattr(decoding, "SMALL_STEP", 1)  # every product counts as large
+        decoding.generate(model, prompt, 5, temperature=0.0, step=step)
+        assert set(seen["step"]) == {2}
+    finally:
+        torch.set_num_threads(before)

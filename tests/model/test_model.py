@@ -112,6 +112,21 @@ def test_dropout_is_active_only_in_training():
     assert torch.equal(model(idx)[0], model(idx)[0])
 
 
+@pytest.mark.parametrize("site", ["transformer.drop", "transformer.h.1.attn.resid_dropout",
+                                  "transformer.h.1.mlp.dropout"])
+def test_each_dropout_acts_in_training_and_is_skipped_in_eval(site):
+    """Eval skips the dropout modules' calls (a decode step's Python overhead); training still applies each."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY))
+    idx = torch.randint(0, 61, (2, 16))
+    with torch.no_grad():
+        plain = model.eval()(idx)[0]
+        model.get_submodule(site).p = 0.5
+        assert torch.equal(model(idx)[0], plain)
+        model.train()
+        assert not torch.equal(model(idx)[0], plain)
+
+
 def test_generate_extends_each_row_and_slides_past_block_size():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY)).eval()
