@@ -174,11 +174,17 @@ class SlotPool:
         """Give a slot back at once: the last slot in use moves into it. Returns the sequence it held."""
         last = len(self.rows) - 1
         seq = self.rows[row]
-        if row != last:
-            for stores in self.stores:
-                for values in stores.values():
+        if row != last:  # only the columns the last row holds move (a GPT-2 slot is 75 MB of block_size columns)
+            held = (torch.arange(min(self.held[last], self.size), device=self.device) + self.column
+                    - min(self.held[last], self.size)) % self.size
+            for kind, stores in zip(self.kinds, self.stores):
+                for name, values in stores.items():
+                    axis = KINDS[kind][name]
                     for value in values:
-                        value[row] = value[last]
+                        if axis is None:
+                            value[row] = value[last]
+                        else:
+                            value[row].index_copy_(axis - 1, held, value[last].index_select(axis - 1, held))
             for t in (self.key_mask, self.lengths, self.tokens):
                 t[row] = t[last]
             self.rows[row], self.held[row] = self.rows[last], self.held[last]
