@@ -175,7 +175,8 @@ def _one_masked_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: floa
     groups = h // k.size(1)
     scores = torch.matmul(q.reshape(b, k.size(1), groups, d), k.transpose(-1, -2))  # (B, Hkv, groups, Tk)
     scores.mul_(scale if scale is not None else 1.0 / math.sqrt(d)).masked_fill_(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num_(0.0).to(v.dtype)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.nan_to_num_(0.0).to(v.dtype)
     return torch.matmul(weights, v).reshape(b, h, 1, v.size(-1))
 
 
