@@ -331,9 +331,10 @@ class Engine:
         return sized(cache, tokens) if isinstance(self.pool, SlotPool) else cache
 
     def _prefill(self) -> list[Tensor]:
-        """Prefill up to prefill_chunk tokens (0: every context whole), in order: contexts that fit whole and start
-        from nothing go into one batched prefill straight into their slots (SlotPool.prefill), others (a prefix cache
-        hit, a chunk of a long prompt, SoloPool's) alone; the next-token logits of those completed, in the order
+        """Prefill up to prefill_chunk tokens (0: every context whole), in order: contexts that start from nothing
+        and fit the budget left go into one batched prefill straight into their slots (SlotPool.prefill; one that
+        fits a chunk but not what is left waits for the next step), others (a prefix cache hit, a prompt longer than
+        a chunk, SoloPool's) alone, chunk by chunk; the next-token logits of those completed, in the order
         their rows entered the pool."""
         budget = self.prefill_chunk or sum(len(f.context) - f.done for f in self._filling)
         logits, batch = [], []
@@ -341,9 +342,10 @@ class Engine:
             left = len(filling.context) - filling.done
             if budget <= 0:
                 break
-            if filling.cache is None and left <= budget and self._joins(batch, filling):
-                batch.append(filling)
-                budget -= left
+            if filling.cache is None and left <= (self.prefill_chunk or left) and self._joins(batch, filling):
+                if left <= budget:  # a prompt that fits one chunk waits for the next step's batch rather than
+                    batch.append(filling)  # being split into a prefill of its own
+                    budget -= left
                 continue
             n = min(budget, left)
             budget -= n
