@@ -1,9 +1,11 @@
 """The engine's KV-cache pool: a fixed number of slots, one sequence's cache each, per layer in that layer's kind.
 
-A sequence is prefilled alone into a one-row gpt.model.kv_cache.KVCache (exactly what scripts/generate.py runs),
-then copied into a free slot; every decode step feeds one token to each slot in use, whatever their lengths; a
-finished sequence gives its slot back at once (the last slot in use moves into it, so the slots in use are always
-the first B rows and a step reads plain views of them, never a gather).
+The sequences joining together are prefilled in one left-padded forward (as gpt.inference.decoding.stream pads a
+batch: each row sees what it would alone) whose keys and values go straight into free slots (SlotPool.prefill), or
+one is prefilled alone into a one-row gpt.model.kv_cache.KVCache as long as its context and copied in (insert);
+every decode step feeds one token to each slot in use, whatever their lengths; a finished sequence gives its slot
+back at once (the last slot in use moves into it, so the slots in use are always the first B rows and a step reads
+plain views of them, never a gather).
 
 The trick that keeps a step one model call of fixed shapes: all rows write the new token at the same column (the
 pool's ``column``, counting up; column % size is the slot). A sequence of L tokens joining at column c is stored at
@@ -26,7 +28,7 @@ from gpt.designs.deltanet import DeltaState
 from gpt.designs.linear import LinearState
 from gpt.designs.mla import LatentKV
 from gpt.designs.stream import SinkKV
-from gpt.inference.decoding import decode_step
+from gpt.inference.decoding import decode_step, left_pad, prefill
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache, LayerKV, Slots, Step
 
@@ -49,6 +51,18 @@ def pooled(model: GPT) -> bool:
                                                   for layer in KVCache(model.config, 1, "cpu").layers)
 
 
+def sized(cache: KVCache, tokens: int) -> KVCache:
+    """An empty uniform cache whose slots are ``tokens`` (a ring's at most its window): a prefill whose keys go to
+    the pool (or whose prefix the prefix cache fills) then allocates no block_size buffers to copy from."""
+    slots = cache.slots[None]
+    slots.size = slots.max_length = min(tokens, slots.size)
+    slots.key_mask = slots.key_mask[:, : slots.size]
+    for layer in cache.layers:
+        if hasattr(layer, "size"):
+            layer.size = slots.size
+    return cache
+
+
 def tensors(value: Any) -> list[Tensor]:
     """A kind's attribute as a list of tensors (a running state is a tuple of them; an unfilled one is None)."""
     if value is None:
@@ -67,6 +81,7 @@ class SlotPool:
         self.ring = kind.window is not None  # the stores are a sliding window's ring
         self.sinks = max((layer.sinks for layer in probe.layers if isinstance(layer, SinkKV)), default=0)
         self.renumber = kind.renumber  # an endless cache: positions numbered inside the ring (_View.renumbered)
+        self.paddable = not self.sinks  # whether prefill may take contexts of different lengths together
         self.rows: list[Any] = []  # the sequence in each slot in use
         self.stores: list[dict[str, list[Tensor]]] = [{} for _ in self.kinds]  # allocated at the first insert
         self.key_mask = torch.zeros(slots, self.size, dtype=torch.bool, device=device)  # a slot holds the row's token
@@ -80,38 +95,97 @@ class SlotPool:
         return self.slots - len(self.rows)
 
     def insert(self, seq: Any, cache: KVCache, length: int, token: int) -> None:
-        """Put a one-row cache holding ``length`` tokens (positions 0..length-1) in the next free slot, rotated so
-        its next token goes to ``column``; ``token`` is what it feeds next."""
+        """Put a one-row cache holding ``length`` tokens (positions 0..length-1, in slots of any number: see sized)
+        in the next free slot, rotated so its next token goes to ``column``; ``token`` is what it feeds next."""
         row = len(self.rows)
         if row == self.slots:
             raise RuntimeError("the cache pool has no free slot")
         if not self.rows:  # an empty pool: the sequence starts at column 0, so its columns do not wrap soon
             self.column = length
-        slots = (torch.arange(self.size, device=self.device) + self.column - length) % self.size
-        for layer, stores in zip(cache.layers, self.stores):
-            for name, axis in KINDS[type(layer)].items():
-                for i, value in enumerate(tensors(getattr(layer, name))):
-                    if i == len(stores.setdefault(name, [])):
-                        stores[name].append(value.new_zeros((self.slots, *value.shape[1:])))
-                    target = stores[name][i][row]
-                    if axis is None:
-                        target.copy_(value[0])
-                    else:
-                        target.index_copy_(axis - 1, slots, value[0])
-        self.key_mask[row].index_copy_(0, slots, cache.slots[None].key_mask[0])
+        self.key_mask[row] = False
+        self._place(cache, row, 1, length, {})
         self.lengths[row], self.tokens[row] = length, token
         self.rows.append(seq)
         self.held.append(length)
+
+    def prefill(self, model: GPT, contexts: list[list[int]], seqs: list[Any]) -> Tensor:
+        """Prefill contexts together, left-padded to the longest (gpt.inference.decoding.left_pad: each row's
+        positions from 0, as alone), into the next free slots; each one's next-token logits (K, vocab). Padding
+        the rows to one width puts each row's last token in the column before ``column``, as insert would: the
+        layers write their keys and values straight into the pool's stores where those columns do not wrap round
+        (else into a cache of the prompts' width, copied in after). Not for sink tokens' stores unless the
+        contexts are of one length (the first positions of a padded row are padding)."""
+        r0, k = len(self.rows), len(contexts)
+        if r0 + k > self.slots:
+            raise RuntimeError("the cache pool has no free slot")
+        idx, key_mask, positions = left_pad(contexts, self.device)
+        width = idx.size(1)
+        if not self.rows:
+            self.column = width
+        cache = sized(KVCache(model.config, k, self.device), width)
+        self.key_mask[r0 : r0 + k] = False
+        lo = (self.column - width) % self.size
+        aimed = self._aim(cache, r0, k, lo) if self.stores[0] and lo + width <= self.size else {}
+        logits = prefill(model, idx, positions, key_mask, cache)
+        self._place(cache, r0, k, width, aimed)
+        lengths = [len(context) for context in contexts]
+        self.lengths[r0 : r0 + k] = torch.tensor(lengths, device=self.device)
+        self.rows += seqs
+        self.held += lengths
+        return logits
+
+    def _aim(self, cache: KVCache, r0: int, k: int, lo: int) -> dict[tuple[int, str], Tensor]:
+        """Point a sized cache's slotted tensors (and its key mask) at rows r0.. of the stores, columns lo..: the
+        prefill writes there (KVCache's write fills a given store in place). What it pointed, by (layer, name)."""
+        width = cache.slots[None].size
+        aimed = {}
+        for i, (layer, stores) in enumerate(zip(cache.layers, self.stores)):
+            for name, axis in KINDS[type(layer)].items():
+                if axis is not None:
+                    aimed[i, name] = stores[name][0][r0 : r0 + k].narrow(axis, lo, width)
+                    setattr(layer, name, aimed[i, name])
+        aimed[-1, "key_mask"] = cache.slots[None].key_mask = self.key_mask[r0 : r0 + k, lo : lo + width]
+        return aimed
+
+    def _place(self, cache: KVCache, r0: int, k: int, width: int, aimed: dict[tuple[int, str], Tensor]) -> None:
+        """Copy a prefilled cache's rows into slots r0.. (what _aim did not point there): a slot s of its stores
+        holds index p = s (mod its slots) of rows ``width`` wide, which goes to column (column - width + p) % size;
+        the stores are allocated at the first call, in the cache's dtypes."""
+        def columns(n: int) -> Tensor:
+            return (torch.arange(n, device=self.device) + self.column - width) % self.size
+
+        for i, (layer, stores) in enumerate(zip(cache.layers, self.stores)):
+            for name, axis in KINDS[type(layer)].items():
+                for j, value in enumerate(tensors(getattr(layer, name))):
+                    if j == len(stores.setdefault(name, [])):
+                        shape = [self.slots, *value.shape[1:]]
+                        if axis is not None:
+                            shape[axis] = self.size
+                        stores[name].append(value.new_zeros(shape))
+                    target = stores[name][j][r0 : r0 + k]
+                    if axis is None:
+                        target.copy_(value)
+                    elif value is not aimed.get((i, name)):
+                        target.index_copy_(axis, columns(value.size(axis)), value)
+        mask = cache.slots[None].key_mask
+        if (-1, "key_mask") not in aimed:
+            self.key_mask[r0 : r0 + k].index_copy_(1, columns(mask.size(1)), mask)
 
     def release(self, row: int) -> Any:
         """Give a slot back at once: the last slot in use moves into it. Returns the sequence it held."""
         last = len(self.rows) - 1
         seq = self.rows[row]
-        if row != last:
-            for stores in self.stores:
-                for values in stores.values():
+        if row != last:  # only the columns the last row holds move (a GPT-2 slot is 75 MB of block_size columns)
+            held = (torch.arange(min(self.held[last], self.size), device=self.device) + self.column
+                    - min(self.held[last], self.size)) % self.size
+            for kind, stores in zip(self.kinds, self.stores):
+                for name, values in stores.items():
+                    axis = KINDS[kind][name]
                     for value in values:
-                        value[row] = value[last]
+                        if axis is None:
+                            value[row] = value[last]
+                        else:
+                            value[row].index_copy_(axis - 1, held, value[last].index_select(axis - 1, held))
             for t in (self.key_mask, self.lengths, self.tokens):
                 t[row] = t[last]
             self.rows[row], self.held[row] = self.rows[last], self.held[last]

@@ -1,11 +1,12 @@
 """Batched decoding for the server: the sequences of every request to one model share one decode step.
 
 A thread per model runs the loop of gpt.inference.decoding.stream (prefill, one decode_step per token, the context
-sliding by half past block_size) over the slots of a cache pool (gpt.serve.cache_pool): a joining sequence is prefilled
-alone into a free slot, every step then decodes all slots in use at once, a finished or cancelled one gives its slot
+sliding by half past block_size) over the slots of a cache pool (gpt.serve.cache_pool): the sequences joining in one
+step are prefilled together straight into free slots (one left-padded forward; a prefix cache hit or a chunk of a
+long prompt alone), every step then decodes all slots in use at once, a finished or cancelled one gives its slot
 back at once; nothing is rebuilt. Each samples with its own settings and its own torch.Generator
 (gpt.inference.decoding.sample_rows), so a request gets the text it would get alone, the text scripts/generate.py
-prints for the same seed and settings. A context that slides is prefilled again alone, as stream does.
+prints for the same seed and settings. A context that slides is prefilled again, as stream does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gpt.inference.decoding import left_pad, prefill, sample_rows
 from gpt.inference.text import TextStream
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache, endless, refusal
-from gpt.serve.cache_pool import SlotPool, SoloPool, pooled
+from gpt.serve.cache_pool import SlotPool, SoloPool, pooled, sized
 from gpt.serve.prefix_cache import PrefixCache, cacheable, layer_tensors
 from gpt.serve.speculate import guesses_for, keep, speculable, verify
 from gpt.tokenizers.tokenizer import Tokenizer
@@ -114,10 +115,11 @@ class Sequence:
 
 @dataclass
 class _Filling:
-    """A sequence being prefilled: its one-row cache, its context, and how many of its tokens the cache holds."""
+    """A sequence being prefilled: its one-row cache (None until it is prefilled alone), its context, and how many
+    of its tokens the cache holds."""
 
     seq: Sequence
-    cache: KVCache
+    cache: KVCache | None
     context: list[int]
     done: int
 
@@ -278,15 +280,7 @@ class Engine:
             with self.lock, self.autocast():
                 logits.append(pool.decode(self.model))
             self.steps += 1
-        budget = self.prefill_chunk or sum(len(f.context) for f in self._filling)  # 0: every prompt whole
-        while self._filling and budget > 0:
-            filling = self._filling[0]
-            n = min(budget, len(filling.context) - filling.done)
-            budget -= n
-            done = self._advance(filling, n)
-            if done is not None:
-                logits.append(done)
-                self._filling.pop(0)
+        logits += self._prefill()
         if logits:
             self._sample(list(pool.rows), torch.cat(logits)[:, : self.tokenizer.vocab_size])
 
@@ -318,20 +312,69 @@ class Engine:
             seq.deliver(output)
 
     def _begin(self, seq: Sequence) -> _Filling:
-        """A sequence to prefill alone (as generate.py does), its context's cached prefix already in its cache."""
+        """A sequence to prefill (as generate.py does), its context's cached prefix already in a cache of its own;
+        without one, its cache is made when it is prefilled alone (else it joins the step's batched prefill)."""
         context = seq.ids[seq.start:]
-        cache = KVCache(self.model.config, 1, self.device)
-        cached = 0
+        cache, cached = None, 0
         if self.prefix is not None and seq.start == 0:  # a slid context's positions no longer match a prompt's
             cached, blocks = self.prefix.lookup(context)
             if cached:
+                cache = self._one_row(len(context))
                 self.prefix.fill(cache, blocks)
         self.prompt_tokens += len(context)
         return _Filling(seq, cache, context, cached)
 
+    def _one_row(self, tokens: int) -> KVCache:
+        """A one-row cache for a sequence prefilled alone: as long as its context when it goes to the pool's slots
+        (cache_pool.sized), else (SoloPool decodes in it) block_size."""
+        cache = KVCache(self.model.config, 1, self.device)
+        return sized(cache, tokens) if isinstance(self.pool, SlotPool) else cache
+
+    def _prefill(self) -> list[Tensor]:
+        """Prefill up to prefill_chunk tokens (0: every context whole), in order: contexts that start from nothing
+        and fit the budget left go into one batched prefill straight into their slots (SlotPool.prefill; one that
+        fits a chunk but not what is left waits for the next step), others (a prefix cache hit, a prompt longer than
+        a chunk, SoloPool's) alone, chunk by chunk; the next-token logits of those completed, in the order
+        their rows entered the pool."""
+        budget = self.prefill_chunk or sum(len(f.context) - f.done for f in self._filling)
+        logits, batch = [], []
+        for filling in list(self._filling):
+            left = len(filling.context) - filling.done
+            if budget <= 0:
+                break
+            if filling.cache is None and left <= (self.prefill_chunk or left) and self._joins(batch, filling):
+                if left <= budget:  # a prompt that fits one chunk waits for the next step's batch rather than
+                    batch.append(filling)  # being split into a prefill of its own
+                    budget -= left
+                continue
+            n = min(budget, left)
+            budget -= n
+            if filling.cache is None:
+                filling.cache = self._one_row(len(filling.context))
+            done = self._advance(filling, n)
+            if done is not None:
+                logits.append(done)
+                self._filling.remove(filling)
+        if batch:
+            with self.lock, self.autocast():
+                logits.append(self.pool.prefill(self.model, [f.context for f in batch], [f.seq for f in batch]))
+            self.steps += 1
+            first = len(self.pool.rows) - len(batch)
+            for row, filling in enumerate(batch, first):
+                self._filling.remove(filling)
+                if self.prefix is not None and filling.seq.start == 0:
+                    self.prefix.store(filling.context, self.pool.row_layers(row))
+        return logits
+
+    def _joins(self, batch: list[_Filling], filling: _Filling) -> bool:
+        """Whether a context may join the step's batched prefill: the pool's stores are slots, and contexts of
+        different lengths may be padded (not sink tokens' stores: their first positions would be padding)."""
+        return isinstance(self.pool, SlotPool) and (self.pool.paddable or not batch or
+                                                    len(batch[0].context) == len(filling.context))
+
     def _advance(self, filling: _Filling, n: int) -> Tensor | None:
-        """Prefill the next n tokens of a context (all that remain without chunks); once it is complete, its cache goes
-        to a free slot and its next token's logits (1, vocab) are returned."""
+        """Prefill the next n tokens of a context alone; once it is complete, its cache goes to a free slot and its
+        next token's logits (1, vocab) are returned."""
         idx, _, positions = left_pad([filling.context], self.device)
         end = min(filling.done + n, len(filling.context))
         with self.lock, self.autocast():

@@ -119,3 +119,25 @@ def test_a_pin_is_reusable_and_restores_what_was_allowed():
         assert torch.backends.cuda.flash_sdp_enabled()
     with Pin(None):
         assert torch.backends.cuda.flash_sdp_enabled()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_one_masked_query_per_row_on_a_cpu_equals_torchs_fused_kernel(kv_heads, dtype):
+    """A decode step over rows of different lengths (the serving engine's) takes two matmuls instead of torch's
+    fused CPU kernel: the same outputs, a row whose keys are all masked gets zeros, a pinned backend still runs."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(5, 4, 1, 8, generator=g).to(dtype)
+    k, v = (torch.randn(5, kv_heads, 11, 8, generator=g).to(dtype) for _ in range(2))
+    mask = torch.arange(11)[None, :] >= torch.tensor([0, 3, 10, 6, 11])[:, None]  # the last row: no key
+    sdpa = get("sdpa")
+    out = sdpa(q, k, v, mask=mask[:, None, None, :], scale=0.3)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[:4].to(wide), k[:4].to(wide), v[:4].to(wide), attn_mask=mask[:4, None, None, :], scale=0.3,
+        enable_gqa=kv_heads != 4)
+    atol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]  # float64 stays float64
+    torch.testing.assert_close(out[:4].to(wide), want, atol=atol, rtol=0)
+    assert out[4].abs().sum() == 0
+    torch.testing.assert_close(sdpa(q, k, v, mask=mask[:, None, None, :], scale=0.3, backend="math"), out,
+                               atol=atol, rtol=0)

@@ -304,3 +304,53 @@ def test_rejected_guesses_are_never_read_again():
     logits = pool.decode(model)
     own = decode_step(model, torch.tensor([[5]]), torch.tensor([[20]]), mine)
     torch.testing.assert_close(logits[:1], own, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if not case.startswith("layout:")])  # pooled kinds
+def test_sequences_joining_together_are_prefilled_in_one_call_and_each_gets_what_it_gets_alone(case, monkeypatch):
+    """Prompts of different lengths joining in the same step go through one batched prefill (sink tokens' stores:
+    those of one length), written straight into their slots once the stores exist (an emptied pool) or copied in
+    from a cache of the prompts' width (the first prefill; slots whose columns wrap round; a ring shorter than the
+    prompts); each sequence's tokens are still those of generate.py's loop alone."""
+    model, tokenizer = model_for(CASES[case], 9), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=len(JOBS), max_queue=8)
+    batches, aimed = [], []
+    prefill, aim = engine.pool.prefill, engine.pool._aim
+    monkeypatch.setattr(engine.pool, "prefill", lambda m, contexts, seqs: batches.append(
+        sorted(map(len, contexts))) or prefill(m, contexts, seqs))
+    monkeypatch.setattr(engine.pool, "_aim", lambda *args: aimed.append(args[1:]) or aim(*args))
+    engine.start()
+    try:
+        for round_ in range(2):  # the second round finds the stores allocated and the pool empty
+            rows = prompts(len(case) + round_)
+            got = serve_together(engine, rows, tokenizer)
+            for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+                assert got[i] == alone(model, prompt, n, s), (case, round_, i)
+        first = sorted(n for n, _, _ in JOBS)
+        if engine.pool.paddable:
+            assert batches[0] == first  # the six prompts in one call
+            assert bool(aimed) == (max(first) <= engine.pool.size)  # the second round's went straight into the
+            # slots, unless the prompts are longer than a ring
+        else:
+            assert all(len(set(batch)) == 1 for batch in batches)
+    finally:
+        engine.stop()
+
+
+def serve_together(engine: Engine, prompts: list[list[int]], tokenizer) -> list[list[int]]:
+    """Submit every one of JOBS at once; each sequence's tokens."""
+    got: list[list[int]] = [[] for _ in JOBS]
+    done = [threading.Event() for _ in JOBS]
+
+    def deliver(i: int):
+        def put(output) -> None:
+            assert output.error is None, output.error
+            got[i].extend([output.token] if output.token is not None else [])
+            if output.finish_reason is not None:
+                done[i].set()
+        return put
+
+    engine.submit([Sequence(p, Sampling(max_tokens=n, **s), tokenizer, deliver(i))
+                   for i, (p, (_, n, s)) in enumerate(zip(prompts, JOBS))])
+    assert all(event.wait(60) for event in done)
+    return got
