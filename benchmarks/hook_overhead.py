@@ -1,9 +1,12 @@
 """What the hook points cost with nothing attached (docs/interpret.md). In one process, alternating one run at a time
-so the machine's load falls on both alike: the model's forward passes as they are (hook points called, none attached)
-and as they were before the hook points (the three forward methods of that commit, swapped in at the class level):
+so the machine's load falls on both alike: the model's forward passes as they are (hook points in place, none
+attached) and without them (today's three forward methods with every hook point call taken out, swapped in at the
+class level):
 a training step (forward and backward, 8 x 128 tokens), a forward pass of 128 tokens and one of a single token
 (the fixed costs' worst case) of the default 96-wide, 4-layer
-model, one thread. Also the cost of one idle hook point call. python benchmarks/hook_overhead.py [rounds]"""
+model, one thread. Also the cost of one idle hook point call. Times are this thread's CPU time, not the wall clock's:
+on a shared machine the time spent waiting for a core is not counted (contention still costs caches).
+python benchmarks/hook_overhead.py [rounds]"""
 
 from __future__ import annotations
 
@@ -18,27 +21,29 @@ from gpt.model import GPT, Block, CausalSelfAttention, GPTConfig
 from gpt.model.hooks import HookPoint
 
 
-def attention_before(self, x, ctx):  # CausalSelfAttention.forward before the hook points
+def attention_before(self, x, ctx):  # CausalSelfAttention.forward without its hook points
     B, T, C = x.shape
     q, k, v = self.qkv(x, ctx)
     y = self.attend(q, k, v, ctx)
     y = y.transpose(1, 2).contiguous().view(B, T, C)
+    for part in self.parts:
+        y = part.output(self, y, x, ctx)
     return self.resid_dropout(self.c_proj(y))
 
 
-def block_before(self, x, ctx):  # Block.forward before the hook points
+def block_before(self, x, ctx):  # Block.forward without them
     x = x + self.attn(self.ln_1(x), ctx)
-    return x + self.mlp(self.ln_2(x))
+    return x + self.mlp(self.ln_2(x)) if self.has_mlp else x
 
 
-def gpt_before(self, idx, targets=None, *, positions=None, key_mask=None, cache=None):  # GPT.forward before them
-    ctx = self.context(idx, positions, key_mask, cache)
+def gpt_before(self, idx, targets=None, *, positions=None, key_mask=None, cache=None):  # GPT.forward without them
+    contexts = self.contexts(idx, positions, key_mask, cache)
     x = self.transformer.wte(idx)
     if "wpe" in self.transformer:
-        x = x + self.transformer.wpe(ctx.positions)
+        x = x + self.transformer.wpe(next(iter(contexts.values())).positions)
     x = self.transformer.drop(x)
     for block in self.transformer.h:
-        x = block(x, ctx)
+        x = block(x, contexts[block.kind])
     logits = self.lm_head(self.transformer.ln_f(x))
     if targets is None:
         return logits, None
@@ -72,26 +77,28 @@ def main(rounds: int) -> None:
     for name, fn, reps, scale in (("train step (8 x 128, forward and backward)", train_step, 3, 1),
                                   ("forward of 1 x 128 tokens", forward(128), 10, 2),
                                   ("forward of 1 token", forward(1), 20, 8)):
-        times = {"before": [], "now": []}
+        times = {"without": [], "now": []}
         for i in range(rounds * scale):
-            pair = (("before", BEFORE), ("now", NOW))
+            pair = (("without", BEFORE), ("now", NOW))
             for label, methods in pair if i % 2 else pair[::-1]:  # each goes first in half the rounds
                 use(methods)
-                start = time.perf_counter()
+                start = time.thread_time()
                 for _ in range(reps):
                     fn()
-                times[label].append((time.perf_counter() - start) / reps * 1e3)
+                times[label].append((time.thread_time() - start) / reps * 1e3)
         use(NOW)
         for stat in (statistics.median, min):
-            before, now = stat(times["before"]), stat(times["now"])
-            print(f"{name}: before {before:.4f} ms, with hook points {now:.4f} ms ({(now / before - 1) * 100:+.2f}%), "
+            before, now = stat(times["without"]), stat(times["now"])
+            print(f"{name}: without hook points {before:.4f} ms, with them {now:.4f} ms "
+                  f"({(now / before - 1) * 100:+.2f}%), "
                   f"{stat.__name__} of {rounds * scale} alternating rounds of {reps}")
     point, t = HookPoint(), torch.zeros(1)
-    start = time.perf_counter()
+    start = time.thread_time()
     for _ in range(100_000):
         point(t)
-    calls = sum(isinstance(m, HookPoint) for m in model.modules()) - 2 * config.n_layer  # scores, pattern: not called
-    print(f"an idle hook point: {(time.perf_counter() - start) / 100_000 * 1e6:.3f} us a call, {calls} calls a pass")
+    calls = sum(isinstance(m, HookPoint) for m in model.children())  # the blocks' and layers' sit behind their flag
+    print(f"an idle hook point: {(time.thread_time() - start) / 100_000 * 1e6:.3f} us a call, {calls} called a pass "
+          f"(the model's own; each block and layer tests its hooked flag once instead of calling its points)")
 
 
 if __name__ == "__main__":

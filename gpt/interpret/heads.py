@@ -35,18 +35,33 @@ def repeated_tokens(pool: Tensor, length: int, batch: int, seed: int) -> Tensor:
 
 
 def token_pool(tokenizer, vocab_size: int) -> Tensor:
-    """Ids to draw random tokens from: those that read as one ASCII letter or digit (a character model's alphabet,
-    which it has seen), when there are 20 or more; else the whole vocabulary."""
-    pool = [i for i in range(min(vocab_size, 256)) if _alnum(tokenizer, i)]
+    """Ids to draw random tokens from, tokens the model reads whole in text: a character model's ASCII letters and
+    digits; a subword model's words (a letter or underscore, then letters, digits or underscores, at least two
+    characters, with or without a leading space), not its single bytes, which its text holds inside longer tokens.
+    The whole vocabulary where fewer than 20 qualify."""
+    word = _alnum if tokenizer.kind == "char" else _word
+    pool = [i for i in range(vocab_size) if word(tokenizer, i)]
     return torch.tensor(pool) if len(pool) >= 20 else torch.arange(vocab_size)
 
 
-def _alnum(tokenizer, i: int) -> bool:
+_WORD = re.compile(r" ?[A-Za-z_][A-Za-z0-9_]+")
+
+
+def _decoded(tokenizer, i: int) -> str | None:
     try:
-        text = tokenizer.decode([i])
-    except Exception:  # an id the tokenizer cannot decode alone
-        return False
-    return len(text) == 1 and text.isascii() and text.isalnum()
+        return tokenizer.decode([i])
+    except Exception:  # an id the tokenizer cannot decode alone (an added token, a part of a character)
+        return None
+
+
+def _alnum(tokenizer, i: int) -> bool:
+    text = _decoded(tokenizer, i)
+    return text is not None and len(text) == 1 and text.isascii() and text.isalnum()
+
+
+def _word(tokenizer, i: int) -> bool:
+    text = _decoded(tokenizer, i)
+    return text is not None and _WORD.fullmatch(text) is not None
 
 
 def in_context_loss(model: nn.Module, tokens: Tensor) -> float:

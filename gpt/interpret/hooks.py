@@ -91,12 +91,12 @@ def hooks(model: nn.Module, fns: list[tuple[str, HookFn]]) -> Iterator[dict[str,
                     if layer not in watched:
                         patterns.watch(layer, model.config)
                         watched.append(layer)
-                points[name].fns.append(fn)
+                points[name].add(fn)
                 attached.append((points[name], fn))
         yield points
     finally:
         for point, fn in attached:
-            point.fns.remove(fn)
+            point.remove(fn)
         for layer in watched:
             patterns.unwatch(layer)
 

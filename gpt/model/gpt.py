@@ -88,8 +88,11 @@ class CausalSelfAttention(nn.Module):
         """x (B, T, C) -> (B, T, C); with a cache, the new keys are stored and the queries attend to what it returns."""
         B, T, C = x.shape
         q, k, v = self.qkv(x, ctx)  # (B, nh, T, hs), (B, nkv, Tk, hs) x 2: Tk counts the cached keys too
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        y = self.hook_z(self.attend(q, k, v, ctx))  # (B, nh, T, hs)
+        if self.hooked:  # a function is attached to one of this layer's hook points (gpt.interpret)
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+            y = self.hook_z(self.attend(q, k, v, ctx))  # (B, nh, T, hs)
+        else:
+            y = self.attend(q, k, v, ctx)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         for part in self.parts:  # an output gate
             y = part.output(self, y, x, ctx)
@@ -180,6 +183,13 @@ class Block(nn.Module):
                         *(("hook_mlp_out",) if self.has_mlp else ()), "hook_resid_post")
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        if self.hooked:  # a function is attached to one of this block's hook points (gpt.interpret)
+            return self.hooked_forward(x, ctx)
+        x = x + self.attn(self.ln_1(x), ctx)
+        return x + self.mlp(self.ln_2(x)) if self.has_mlp else x
+
+    def hooked_forward(self, x: Tensor, ctx: Context) -> Tensor:
+        """The same pass through the block's hook points."""
         x = self.hook_resid_pre(x)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln_1(x), ctx)))
         if not self.has_mlp:

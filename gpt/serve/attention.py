@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from gpt.errors import UserError
 from gpt.inference.decoding import slide
 from gpt.inference.visualize import attention_maps, design_views, token_labels
+from gpt.interpret import heads
 from gpt.serve.protocol import APIError
 
 MAX_PICTURE_BYTES = 256 * 2**20  # the maps of one context (layers x heads x T x T floats) are computed whole
+ROLE_REPEAT, ROLE_BATCH, ROLE_SEED = 32, 4, 0  # the head roles' probe: 4 rows of 32 random tokens repeated once
 
 
 def context_start(prompt_tokens: int, length: int, block_size: int) -> int:
@@ -56,7 +59,25 @@ def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> 
     return {"model": served.name, "position": position, "context_start": start,
             "tokens": token_labels(served.tokenizer, context), "layers": config.n_layer, "heads": config.n_head,
             "weights": [[[round(float(w), 4) for w in head] for head in layer] for layer in maps.tolist()],
-            "views": design_views(config), "notes": notes}
+            "views": design_views(config), "notes": notes, "roles": head_roles(served) or None}
+
+
+def head_roles(served) -> dict:
+    """Each head's previous-token, duplicate-token and induction score ({role: [layer][head]}, gpt.interpret.heads)
+    on ROLE_BATCH rows of ROLE_REPEAT random tokens repeated once, computed at the model's first picture and kept:
+    the page labels its grid with them. Empty for a model whose design shows no pattern."""
+    if served.head_roles is None:
+        model = served.model
+        pool = heads.token_pool(served.tokenizer, model.config.vocab_size)
+        length = min(ROLE_REPEAT, model.config.block_size // 2, len(pool))
+        try:
+            with served.engine.lock:  # the scores' kernels are swapped in: no decoding step may run meanwhile
+                scores = heads.detect(model, length, ROLE_BATCH, ROLE_SEED, pool)
+        except UserError:  # no pattern to score
+            scores = {}
+        served.head_roles = {role: [[round(float(v), 3) for v in layer] for layer in s.tolist()]
+                             for role, s in scores.items()}
+    return served.head_roles
 
 
 MAX_API_WEIGHTS = 2**20  # the most weights one completions request may ask for (choices x tokens x layers x

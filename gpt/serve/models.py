@@ -33,6 +33,7 @@ class Served:
     max_tokens: int  # the most tokens one request may ask for
     created: int
     longest_token: int = 1  # bytes of the tokenizer's longest token: a longer text cannot fit the context
+    head_roles: dict | None = None  # the page's head-role scores, computed at the first picture (gpt.serve.attention)
 
     def __post_init__(self) -> None:
         self.longest_token = max(len(self.tokenizer.token_bytes(t)) for t in range(self.tokenizer.vocab_size))

@@ -5,6 +5,8 @@ zeroing a head's output, and bad requests are one error line."""
 from __future__ import annotations
 
 import json
+import re
+import string
 import subprocess
 
 import pytest
@@ -14,9 +16,11 @@ import torch.nn.functional as F
 from conftest import perturbed_model, run_script
 from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
-from gpt.interpret.heads import detect, induction_ablation, repeated_tokens, role_scores, token_losses
+from gpt.interpret.heads import detect, induction_ablation, repeated_tokens, role_scores, token_losses, token_pool
+from gpt.interpret.hooks import hook_points
 from gpt.interpret.lens import direct_attribution, logit_lens
 from gpt.interpret.patching import patch
+from gpt.tokenizers.tokenizer import BPETokenizer, CharTokenizer
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50)
 
@@ -86,6 +90,28 @@ def test_no_token_comes_twice_in_a_repeat_when_the_pool_has_enough():
     assert repeated_tokens(pool, 100, 2, 0).shape == (2, 200)  # longer than the pool: drawn with replacement
 
 
+def train_bpe(text: str, vocab_size: int) -> BPETokenizer:
+    """A byte-level BPE learnt from ``text`` as scripts/train_tokenizer.py learns one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    library = Tokenizer(models.BPE())
+    library.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    library.decoder = decoders.ByteLevel()
+    library.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return BPETokenizer(library.to_str())
+
+
+def test_a_subword_models_random_tokens_are_its_words_and_a_character_models_its_letters():
+    bpe = train_bpe("def value(self):\n    return self.value + other_value\n" * 50, vocab_size=300)
+    words = [bpe.decode([int(i)]) for i in token_pool(bpe, bpe.vocab_size)]
+    assert "self" in {w.strip() for w in words} and all(len(w.strip()) >= 2 for w in words)
+    assert len(words) >= 20 and all(re.fullmatch(r" ?[A-Za-z_]\w+", w) for w in words)  # no single bytes
+    chars = CharTokenizer(sorted(set(string.ascii_letters + string.digits + " .:()\n")))
+    letters = [chars.decode([int(i)]) for i in token_pool(chars, chars.vocab_size)]
+    assert sorted(letters) == sorted(string.ascii_letters + string.digits)
+
+
 @pytest.mark.parametrize("settings", [{}, {"designs": ["rope"]}, {"designs": ["diff"]},
                                       {"designs": ["mla"], "design_options": {"mla": {"latent": 12}}}])
 def test_direct_attribution_sums_to_the_next_tokens_centred_logit(settings):
@@ -146,6 +172,20 @@ def test_hooks_write_and_are_gone_after_the_block():
     with torch.no_grad():
         assert torch.equal(m(tokens)[0], before)
     assert torch.allclose(zeroed, m.lm_head(m.transformer.ln_f.bias.expand(1, 10, -1)))
+
+
+def test_a_hook_on_every_point_fires_once_a_pass_and_leaves_the_flags_down_after():
+    m = model(mlp=True)
+    seen = []
+    names = [name for name in hook_points(m) if not name.endswith(("hook_attn_scores", "hook_pattern"))]
+    with hooks(m, [(name, lambda x, hook: seen.append(hook.name)) for name in names]), torch.no_grad():
+        assert all(module.hooked for module in m.modules() if hasattr(module, "hooked"))
+        m(torch.arange(6)[None])
+    assert sorted(seen) == sorted(names)
+    assert not any(module.hooked for module in m.modules() if hasattr(module, "hooked"))
+    with hooks(m, [("blocks.1.attn.hook_z", lambda z, hook: seen.append(1))]):
+        assert [module.hooked for module in m.modules() if hasattr(module, "hooked")].count(True) == 1
+        assert m.transformer.h[1].attn.hooked
 
 
 def test_nested_hooks_on_patterns_leave_the_kernel_as_it_was():

@@ -25,6 +25,11 @@ def commands() -> list[list[str]]:
 @pytest.mark.slow
 def test_the_experiment_runs_as_written(tmp_path, data_args):
     lines = commands()
+    if lines[0][:2] == ["python", "scripts/train_tokenizer.py"]:  # the tokenizer the model is trained with first
+        tokenizer, lines = lines[0], lines[1:]
+        result = run_script("train_tokenizer", *tokenizer[2:], *data_args, "evaluate=false", cwd=tmp_path,
+                            timeout=600)
+        assert result.returncode == 0, f"{tokenizer}\n{result.stderr[-3000:]}"
     scripts = [line[:2] for line in lines]
     assert scripts[0] == ["python", "scripts/train.py"] and scripts[1:] and all(
         script == ["python", "scripts/interpret.py"] for script in scripts[1:])

@@ -447,6 +447,7 @@ def test_context_start_is_where_stream_began_each_tokens_context():
 
 def test_attention_pictures_are_the_maps_of_each_tokens_context(server):
     from gpt.inference.visualize import attention_maps, design_views
+    from gpt.interpret.heads import detect, token_pool
     from gpt.serve.attention import context_start
 
     url, ids, models = server
@@ -467,6 +468,11 @@ def test_attention_pictures_are_the_maps_of_each_tokens_context(server):
         torch.testing.assert_close(torch.tensor(picture["weights"]), expected, atol=1e-4, rtol=0)
     assert start > 0  # the last token's context began after a slide
     assert picture["views"] == []  # latent attention's maps are softmax weights, as GPT-2's
+    pool = token_pool(models[ids["mla"]].tokenizer, model.config.vocab_size)  # the page's head roles: the
+    expected = detect(model, 20, 4, 0, pool)  # detector's scores on 4 rows of 20 letters (half the context of 40)
+    assert set(picture["roles"]) == set(expected)
+    for role, scores in expected.items():
+        torch.testing.assert_close(torch.tensor(picture["roles"][role]), scores, atol=1e-3, rtol=0)
     status, picture = post(url + "/api/attention", json.dumps({"model": ids["linear"], "ids": sequence[:20],
                                                                "prompt_tokens": 9, "position": 12}).encode())
     assert status == 200 and picture["views"] == design_views(models[ids["linear"]].model.config)

@@ -49,7 +49,13 @@ def test_page_streams_tokens_and_draws_a_tokens_attention(browser, tmp_path):
     paths = [save(tmp_path / "small.pt", DESIGNS["small"], 0), save(tmp_path / "stream.pt", DESIGNS["stream"], 1)]
     cfg = ServeConfig(ckpt=str(paths[0]), extra_ckpts=[str(paths[1])])
     renderer = Renderer()
-    with running(create_app(load_models(cfg, renderer), None, cfg.max_body_bytes, renderer)) as url:
+    models = load_models(cfg, renderer)
+    roles = {role: [[0.0] * DESIGNS["small"]["n_head"] for _ in range(DESIGNS["small"]["n_layer"])]
+             for role in ("previous_token", "duplicate_token", "induction")}
+    roles["previous_token"][0][1], roles["induction"][1][2], roles["duplicate_token"][1][2] = 0.91, 0.57, 0.4
+    roles["induction"][0][0] = 0.29  # under the page's 0.3: no label
+    next(iter(models.values())).head_roles = roles  # the small model's, as if the detector had found them
+    with running(create_app(models, None, cfg.max_body_bytes, renderer)) as url:
         browser.get(url + "/")
         wait = WebDriverWait(browser, 60)
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".pane[data-pane='1'] option")) == 3)
@@ -71,6 +77,8 @@ def test_page_streams_tokens_and_draws_a_tokens_attention(browser, tmp_path):
             wait.until(lambda b, c=canvas: b.find_element(By.CSS_SELECTOR, c).get_attribute("data-cells") != "0")
             cells = browser.find_element(By.CSS_SELECTOR, canvas).get_attribute("data-cells")
             assert cells == str(shape["n_layer"] * shape["n_head"])
+        labels = browser.find_element(By.CSS_SELECTOR, pane[0] + " canvas.grid").get_attribute("data-roles")
+        assert labels == "L0H1 previous token 0.91; L1H2 induction 0.57", labels  # each head's best role
         # the stream model's view: token 50's context began where the last slide left it (block_size 40: at 41
         # tokens, keeping the last 20), and it attends only to the window's 8 tokens and the context's 2 sink tokens
         caption = browser.find_element(By.CSS_SELECTOR, pane[1] + " .caption").text

@@ -4,6 +4,17 @@
 
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const LABEL_W = 58, HEAD_H = 16, ROW_H = 24, GAP = 3;
+const ROLE_MIN = 0.3;  // a head is labelled with its best role when that role's score reaches this
+const ROLE_NAMES = {previous_token: "previous token", duplicate_token: "duplicate token", induction: "induction"};
+
+function roleLabel(roles, l, h) {  // the head's best role and score, "induction 0.82", or "" below ROLE_MIN
+  if (!roles) return "";
+  let best = "", top = ROLE_MIN;
+  for (const [role, scores] of Object.entries(roles)) {
+    if (scores[l][h] >= top) { best = role; top = scores[l][h]; }
+  }
+  return best ? `${ROLE_NAMES[best] || best} ${top.toFixed(2)}` : "";
+}
 
 function colour(x) {  // x in [-1, 1]: viridis for 0..1, blue for negative weights
   if (x < 0) return `rgba(40, 90, 220, ${Math.min(1, -x)})`;
@@ -151,7 +162,7 @@ class Pane {
     g.scale(ratio, ratio);
     g.clearRect(0, 0, width, height);
     g.font = "11px system-ui, sans-serif"; g.fillStyle = "#444";
-    const cellW = (width - LABEL_W) / p.heads;
+    const cellW = (width - LABEL_W) / p.heads, labels = [];
     for (let h = 0; h < p.heads; h++) g.fillText(`head ${h}`, LABEL_W + h * cellW + 2, 11);
     for (let l = 0; l < p.layers; l++) {
       const y = HEAD_H + l * (ROW_H + GAP);
@@ -160,16 +171,24 @@ class Pane {
         const w = p.weights[l][h], top = Math.max(...w.map(Math.abs)) || 1, x0 = LABEL_W + h * cellW;
         const step = (cellW - GAP) / w.length;
         w.forEach((v, t) => { g.fillStyle = colour(v / top); g.fillRect(x0 + t * step, y, Math.ceil(step), ROW_H); });
+        const label = roleLabel(p.roles, l, h);
+        if (label) {
+          g.fillStyle = "rgba(255, 255, 255, 0.85)"; g.fillRect(x0 + 2, y + 2, g.measureText(label).width + 4, 13);
+          g.fillStyle = "#222"; g.fillText(label, x0 + 4, y + 12);
+          labels.push(`L${l}H${h} ${label}`);
+        }
         if (this.head[0] === l && this.head[1] === h) {
           g.strokeStyle = "#d33"; g.lineWidth = 2; g.strokeRect(x0 + 1, y + 1, cellW - GAP - 2, ROW_H - 2);
         }
       }
     }
     canvas.dataset.cells = String(p.layers * p.heads);
+    canvas.dataset.roles = labels.join("; ");
     const [l, h] = this.head, token = p.tokens[p.tokens.length - 1];
     this.panel.querySelector(".caption").textContent = `"${token}" (position ${p.position}) over its context, ` +
       `positions ${p.context_start}..${p.position}: each strip is one head's weights, left to right, scaled to ` +
-      `its own largest. Text coloured by layer ${l}, head ${h} (click a strip for another).`;
+      `its own largest. Text coloured by layer ${l}, head ${h} (click a strip for another).` + (p.roles ?
+      ` A label names a head's role where its score on repeated random tokens reaches ${ROLE_MIN}.` : "");
     this.panel.querySelector(".notes").textContent = [...p.views, ...p.notes].join("; ");
     this.colourText();
   }
