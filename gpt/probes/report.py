@@ -1,7 +1,8 @@
 """The card in out_dir: probes.md (accuracy per design and metric, mean ± std over seeds, the one-sided Welch p of
 each design above the baseline, and the composite), probes.csv (every seed's every metric), probes_summary.csv (the
-summary's numbers) and the same numbers as TensorBoard scalars (out_dir/tensorboard). The statistics are the
-arena's (gpt.arena.stats); higher accuracy is better."""
+summary's numbers), the pictures (gpt.probes.plots: accuracy by pairs, retrieval by length) and the same numbers as
+TensorBoard scalars (out_dir/tensorboard); with probes.arena, the validity check (gpt.probes.validity). The
+statistics are the arena's (gpt.arena.stats); higher accuracy is better."""
 
 from __future__ import annotations
 
@@ -111,6 +112,10 @@ def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], baseline:
     atomic_write(out / "probes.md", lambda f: f.write(text.encode()), what="the probe card")
     write_csv(out / "probes.csv", PER_SEED, per_seed(rows), "the probes' per-seed table")
     write_csv(out / "probes_summary.csv", SUMMARY, groups, "the probes' summary")
+    from gpt.probes.plots import draw
+
+    pictures = draw(out, groups)
     write_tensorboard(out, groups, text)
-    log(f"\n{text}\nwritten: {out / 'probes.md'}, probes.csv, probes_summary.csv, tensorboard/")
+    log(f"\n{text}\nwritten: {out / 'probes.md'}, probes.csv, probes_summary.csv, "
+        + "".join(f"{p}, " for p in pictures) + "tensorboard/")
     return groups

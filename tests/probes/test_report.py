@@ -1,5 +1,6 @@
-"""The validity check: Spearman's rho against scipy's and a hand-computed case, its bootstrap interval, the arena's
-summary read (and a damaged one refused in one line), and the card's validity section from stored results."""
+"""The card's report beyond the table: the validity check (Spearman's rho against scipy's and a hand-computed case,
+its bootstrap interval, the arena's summary read and a damaged one refused in one line, the card's section) and the
+pictures (accuracy by pairs, retrieval by length), from stored per-seed results: nothing trains."""
 
 import csv
 import math
@@ -10,8 +11,8 @@ import pytest
 from conftest import run_inline
 from gpt.arena.report import SUMMARY, write_csv
 from gpt.errors import UserError
-from gpt.probes import validity
-from gpt.probes.report import write_reports
+from gpt.probes import plots, validity
+from gpt.probes.report import summarise, write_reports
 
 
 def test_rho_is_spearmans_by_hand_and_as_scipy_computes_it_with_ties():
@@ -76,10 +77,10 @@ def test_an_arena_summary_reads_per_slice_and_a_damaged_one_is_refused_naming_wh
         validity.read_arena(str(tmp_path / "missing.csv"))
 
 
-def rows(accuracies):
+def rows(accuracies, metrics=("mqar@4",)):
     """Per-seed card rows as gpt.probes.cells gives them: one task, three seeds per design."""
-    return [{"task": "mqar@4", "design": d, "seed": s, "metrics": {"mqar@4": a + 0.01 * s}, "lr": 1e-3, "val": a,
-             "params": 1, "train_s": 1.0, "spec": d} for d, a in accuracies.items() for s in (1, 2, 3)]
+    return [{"task": "mqar@4", "design": d, "seed": s, "metrics": {m: a + 0.01 * s for m in metrics}, "lr": 1e-3,
+             "val": a, "params": 1, "train_s": 1.0, "spec": d} for d, a in accuracies.items() for s in (1, 2, 3)]
 
 
 def test_the_card_prints_rho_and_its_interval_per_arena_slice_and_writes_its_csv(tmp_path):
@@ -104,3 +105,17 @@ def test_a_missing_arena_summary_is_one_error_line_before_anything_runs(tmp_path
     result = run_inline("probe", "probes.quick=true", f"probes.arena={tmp_path}", f"out_dir={tmp_path / 'out'}")
     assert result.returncode == 2 and result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
     assert "arena_summary.csv cannot be read" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_pictures_are_drawn_for_a_task_scored_at_two_points_or_more(tmp_path):
+    said = []
+    write_reports(tmp_path / "one", "h", rows({"gpt2": 0.5, "linear": 0.3}), "gpt2", 0.05, said.append)
+    assert not list((tmp_path / "one").glob("*.png")) and "png" not in said[0]  # one number of pairs: no curve
+    metrics = ("mqar@4", "mqar@16", "passkey@1x", "passkey@2x", "passkey@4x", "induction")
+    write_reports(tmp_path / "two", "h", rows({"gpt2": 0.5, "linear": 0.3}, metrics), "gpt2", 0.05, said.append)
+    for name in ("probes_mqar.png", "probes_passkey.png"):
+        assert (tmp_path / "two" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in said[1]
+    groups = summarise(rows({"gpt2": 0.5, "linear": 0.3}, metrics), "gpt2", 0.05)
+    linear = plots.series(groups, plots.FAMILIES["probes_passkey.png"][0])["linear"]
+    assert [x for x, _, _ in linear] == [1, 2, 4]  # x ascending; the mean and std over the seeds
+    assert np.array([p[1:] for p in linear]) == pytest.approx(np.array([[0.32, 0.01]] * 3))
