@@ -88,8 +88,8 @@ def read_arena(where: str) -> dict[str, dict[str, float]]:
         raise UserError(f"{path} has no column {missing[0]}: not an arena's summary", hint=hint)
     out: dict[str, dict[str, float]] = {}
     try:
-        for line, row in enumerate(rows, start=2):
-            where_ = f"{path}, line {line}"
+        for row in rows:
+            where_ = f"{path}, line {rows.line_num}"
             if None in row or any(row[c] is None for c in NEEDED):
                 raise UserError(f"{where_} does not have one value per column", hint=hint)
             seeds, bpb = number(row["seeds"], where_, "seeds"), number(row["val_bpb_mean"], where_, "val_bpb_mean")
