@@ -16,7 +16,8 @@ def run(cfg: ProbeConfig, log: Callable[[str], None] = print) -> list[dict[str, 
     from gpt.probes.report import write_reports
 
     rows = probe_cells.run_cells(cfg, plan(cfg), log)
-    groups = write_reports(Path(cfg.out_dir), header(cfg), rows, baseline(cfg), cfg.probes.alpha, log)
+    groups = write_reports(Path(cfg.out_dir), header(cfg), rows, baseline(cfg), cfg.probes.alpha, log,
+                           cfg.probes.arena)
     unfinished = len(plan(cfg)) - sum("metrics" in r for r in rows)
     if unfinished:
         raise KeyboardInterrupt(f"interrupted: {unfinished} runs unfinished; run the same command again to resume")

@@ -40,6 +40,7 @@ class ProbeSettings(TaskSettings):
     examples: int = 256  # validation and test sequences (each metric's own)
     quick: bool = False  # tiny sizes (QUICK, QUICK_MODEL): seconds a cell, for tests
     workers: int = 1  # cells at once, one thread each (torch's threads shared among them)
+    arena: Optional[str] = None  # an arena's out_dir (or arena_summary.csv): the card's rank correlation with it
 
     def __post_init__(self) -> None:
         check_positive(self, "seeds", "steps", "batch_size", "examples", "workers", "seq_len", "vocab",
@@ -61,6 +62,10 @@ class ProbeSettings(TaskSettings):
             raise ConfigError(f"probes.baseline={self.baseline} is not one of probes.designs",
                               hint=f"one of: {', '.join(variant_name(s) for s in self.designs)}")
         build(self.tasks, effective(self))  # unknown names and impossible settings, before anything runs
+        if self.arena is not None:
+            from gpt.probes.validity import read_arena
+
+            read_arena(self.arena)  # a missing or malformed summary, before anything runs
 
 
 def parse_design(spec: str) -> dict[str, Any]:
@@ -113,7 +118,7 @@ class Cell:
     folder: str
 
 
-AXES = ("designs", "tasks", "baseline", "seeds", "alpha", "workers", "quick")
+AXES = ("designs", "tasks", "baseline", "seeds", "alpha", "workers", "quick", "arena")
 
 
 def design_model(cfg: ProbeConfig, spec: str, task: Task) -> GPTConfig:

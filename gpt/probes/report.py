@@ -1,7 +1,8 @@
 """The card in out_dir: probes.md (accuracy per design and metric, mean ± std over seeds, the one-sided Welch p of
 each design above the baseline, and the composite), probes.csv (every seed's every metric), probes_summary.csv (the
-summary's numbers) and the same numbers as TensorBoard scalars (out_dir/tensorboard). The statistics are the
-arena's (gpt.arena.stats); higher accuracy is better."""
+summary's numbers), the pictures (gpt.probes.plots: accuracy by pairs, retrieval by length) and the same numbers as
+TensorBoard scalars (out_dir/tensorboard); with probes.arena, the validity check (gpt.probes.validity). The
+statistics are the arena's (gpt.arena.stats); higher accuracy is better."""
 
 from __future__ import annotations
 
@@ -88,15 +89,33 @@ def write_tensorboard(out: Path, groups: list[dict[str, Any]], text: str) -> Non
     writer.close()
 
 
+def validity(groups: list[dict[str, Any]], arena: str, out: Path) -> str:
+    """The rank correlation of the composite with the arena's bits per byte (gpt.probes.validity), per slice:
+    its section of the card, and probes_validity.csv."""
+    from gpt.probes import validity as check
+
+    composite = {g["design"]: g["mean"] for g in groups if g["metric"] == COMPOSITE}
+    found = check.correlate(composite, check.read_arena(arena))
+    write_csv(out / "probes_validity.csv", check.COLUMNS, found, "the probes' validity check")
+    return check.section(found, str(check.summary_path(arena)))
+
+
 def write_reports(out: Path, heading: str, rows: list[dict[str, Any]], baseline: str, alpha: float,
-                  log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every output in ``out`` and the card on the console; returns the summary rows."""
+                  log: Callable[[str], None], arena: str | None = None) -> list[dict[str, Any]]:
+    """Every output in ``out`` and the card on the console (with ``arena``, an arena's out_dir or summary: the
+    validity section and probes_validity.csv); returns the summary rows."""
     make_out_dir(out)
     groups = summarise(rows, baseline, alpha) if rows else []
     text = f"{heading}\n\n{card(groups) if groups else 'No run finished.'}\n"
+    if arena is not None and groups:
+        text += f"\n{validity(groups, arena, out)}\n"
     atomic_write(out / "probes.md", lambda f: f.write(text.encode()), what="the probe card")
     write_csv(out / "probes.csv", PER_SEED, per_seed(rows), "the probes' per-seed table")
     write_csv(out / "probes_summary.csv", SUMMARY, groups, "the probes' summary")
+    from gpt.probes.plots import draw
+
+    pictures = draw(out, groups)
     write_tensorboard(out, groups, text)
-    log(f"\n{text}\nwritten: {out / 'probes.md'}, probes.csv, probes_summary.csv, tensorboard/")
+    log(f"\n{text}\nwritten: {out / 'probes.md'}, probes.csv, probes_summary.csv, "
+        + "".join(f"{p}, " for p in pictures) + "tensorboard/")
     return groups

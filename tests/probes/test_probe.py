@@ -9,6 +9,8 @@ import shlex
 
 import pytest
 from hydra import compose, initialize_config_dir
+from test_report import ARENA, summary
+from test_short_conv import short_conv
 
 from conftest import ROOT, run_inline, run_script
 from gpt.arena import runs as arena_runs
@@ -21,6 +23,7 @@ from gpt.schema import register, typed
 register()
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 QUICK = ["probes.quick=true", "probes.designs=[gpt2,linear]", "probes.seeds=2"]
+SMALL = re.search(r'^    SMALL="(.*)"$', (ROOT / "docs" / "probes.md").read_text(), flags=re.M)
 
 
 def probe_config(*overrides: str) -> ProbeConfig:
@@ -108,12 +111,17 @@ def test_bad_input_is_one_error_line_and_exit_2(override, message):
         assert "the tasks: mqar, in_context_recall, noisy_recall" in result.stderr
 
 
-def test_the_docs_commands_compose_and_the_first_is_the_quick_card_the_suite_runs():
+def test_the_docs_commands_compose_and_the_first_is_the_quick_card_the_suite_runs(tmp_path):
     text = (ROOT / "docs" / "probes.md").read_text().replace("\\\n", " ")  # continued lines joined
+    text = re.sub(r"\$SMALL\b", SMALL.group(1), text)  # the reduced card's sizes, as the doc defines them
     commands = [shlex.split(line.split("python scripts/probe.py", 1)[1]) for line in text.splitlines()
                 if "python scripts/probe.py" in line and line.startswith("    ")]
     assert len(commands) >= 5 and commands[0][:-1] == QUICK and commands[0][-1].startswith("out_dir=")
+    short_conv(tmp_path)  # the doc's design file, as designs=[short_conv.py] loads it
+    summary(tmp_path / "arena_summary.csv", ARENA)  # an arena's summary where the doc names a measured one
     for args in commands:
+        args = [f"probes.arena={tmp_path}" if a.startswith("probes.arena=") else a for a in args
+                if not a.startswith("designs=")]
         assert plan(probe_config(*args))  # every override typed and every cell's model valid
 
 
