@@ -28,16 +28,9 @@ from gpt.tokenizers.tokenizer import Tokenizer
 def prefill(model: GPT, idx: Tensor, positions: Tensor, key_mask: Tensor | None, cache: KVCache | None) -> Tensor:
     """Run the prompts idx (B, T) at positions (B, T), filling the cache if given; the next token's logits (B, vocab).
 
-    key_mask (B, T) is False on left padding (None: no padding). Only the last position goes through the head:
-    the logits of the others were computed and dropped before (GPT-2's head is a third of a prompt's work).
+    key_mask (B, T) is False on left padding (None: no padding). Only the last position goes through the head.
     """
-    norm = getattr(getattr(model, "transformer", None), "ln_f", None)
-    last = norm.register_forward_hook(lambda module, args, out: out[:, -1:]) if norm is not None else None
-    try:
-        logits, _ = model(idx, positions=positions, key_mask=key_mask, cache=cache)
-    finally:
-        if last is not None:
-            last.remove()
+    logits, _ = model(idx, positions=positions, key_mask=key_mask, cache=cache, last_only=True)
     return logits[:, -1, :]
 
 

@@ -237,11 +237,13 @@ class GPT(nn.Module):
         return n
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *, positions: Tensor | None = None,
-                key_mask: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+                key_mask: Tensor | None = None, cache: KVCache | None = None,
+                last_only: bool = False) -> tuple[Tensor, Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy if targets given.
 
         For generation: positions (T,) or (B, T) (default: the next T after what the cache holds),
-        key_mask (B, T) marking real tokens of left-padded rows, and a KVCache to fill and reuse.
+        key_mask (B, T) marking real tokens of left-padded rows, a KVCache to fill and reuse, and last_only:
+        logits (B, 1, vocab) of the last position alone (a prompt's prefill; GPT-2's head is a third of its work).
         """
         contexts = self.contexts(idx, positions, key_mask, cache)
         x = self.hook_embed(self.transformer.wte(idx))  # (B, T, C)
@@ -251,6 +253,8 @@ class GPT(nn.Module):
             x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, contexts[block.kind])
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(self.hook_final(self.transformer.ln_f(x)))  # (B, T, vocab)
         if targets is None:
             return logits, None
