@@ -61,7 +61,8 @@ def heads(model, tokenizer, cfg):
     result = {"repeat": length, "batch": cfg.batch, "pool": len(pool), "scores": scores,
               "best": {role: {"head": f"L{layer}H{head}", "score": float(scores[role][layer, head])}
                        for role, (layer, head) in best.items()},
-              "ablation": roles.induction_ablation(model, scores["induction"], tokens, length)}
+              "ablation": roles.induction_ablation(model, scores["induction"], tokens, length,
+                                                   previous=scores["previous_token"])}
     return result, grids([(f"{role.replace('_', ' ')} score", s) for role, s in scores.items()],
                          title=f"head roles on {cfg.batch} x 2 x {length} repeated random tokens", scale=(0.0, 1.0))
 

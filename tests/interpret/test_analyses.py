@@ -16,7 +16,15 @@ import torch.nn.functional as F
 from conftest import perturbed_model, run_script
 from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
-from gpt.interpret.heads import detect, induction_ablation, repeated_tokens, role_scores, token_losses, token_pool
+from gpt.interpret.heads import (
+    detect,
+    induction_ablation,
+    other_heads,
+    repeated_tokens,
+    role_scores,
+    token_losses,
+    token_pool,
+)
 from gpt.interpret.hooks import hook_points
 from gpt.interpret.lens import direct_attribution, logit_lens
 from gpt.interpret.patching import patch
@@ -76,10 +84,22 @@ def test_the_detector_finds_a_hand_built_induction_circuit_and_ablating_it_costs
     others = torch.ones(2, 2, dtype=torch.bool)
     others[1, 0] = False
     assert scores["induction"][others].max() < 0.1
-    result = induction_ablation(m, scores["induction"], repeated_tokens(torch.arange(16), 16, 8, 1), 16)
+    result = induction_ablation(m, scores["induction"], repeated_tokens(torch.arange(16), 16, 8, 1), 16,
+                                previous=scores["previous_token"])
     assert result["induction_heads"] == [(1, 0)] and result["other_heads"] == [(1, 1)]
+    assert result["feeding_heads"] == [(0, 0)]  # the previous-token head the circuit reads from
     assert result["loss_second_repeat"] < 0.1 < 20 < result["loss_first_repeat"]
     assert result["ablated_induction"] > 2 and abs(result["ablated_others"]) < 1e-6
+    assert result["ablated_others_any"] == result["ablated_others"]  # the same head either way here
+    assert token_losses(m, repeated_tokens(torch.arange(16), 16, 8, 1), [(0, 0)])[:, 16:].mean() > 2  # it feeds it
+
+
+def test_other_heads_leave_out_the_heads_feeding_the_circuit_only_when_told():
+    scores = torch.tensor([[0.0, 0.01, 0.02], [0.9, 0.8, 0.03]])  # layer 1's first two heads induction heads
+    found = [(1, 0), (1, 1)]
+    assert other_heads(scores, found, []) == [(1, 2), (0, 0)]  # the same layer's first, then the lowest
+    assert other_heads(scores, found, [(0, 0)]) == [(1, 2), (0, 1)]  # layer 0's previous-token head left out
+    assert other_heads(scores, found, [(0, 0), (0, 1), (0, 2)]) == [(1, 2)]  # fewer where no more are left
 
 
 def test_no_token_comes_twice_in_a_repeat_when_the_pool_has_enough():
