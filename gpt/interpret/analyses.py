@@ -124,4 +124,13 @@ def ablation(model, tokenizer, cfg):
             grids([("loss increase, second repeat", second), ("loss increase, prompt", on_prompt)]))
 
 
-ANALYSES = {"heads": heads, "lens": lens, "attribution": attribution, "patching": patching, "ablation": ablation}
+def curve(model, tokenizer, cfg):
+    """The head scores a run logged while it trained (train.heads=true), by step: when the induction heads formed."""
+    from gpt.interpret import curve as formed
+
+    result = formed.formation(formed.read_scalars(cfg.ckpt))
+    return result, formed.figure(result)
+
+
+ANALYSES = {"curve": curve, "heads": heads, "lens": lens, "attribution": attribution, "patching": patching,
+            "ablation": ablation}

@@ -262,6 +262,7 @@ def test_the_script_writes_json_and_png_and_refuses_bad_input_in_one_line(checkp
                           (["analysis=ablation", "ablate=[L5H0]"], "out of range"),
                           (["analysis=ablation", "ablate=[head1]"], "L<layer>H<head>"),
                           (["analysis=lens", "prompt=" + "a" * 20], "more than the model's context"),
+                          (["analysis=curve"], "has none"),  # a checkpoint's folder without a run's events
                           (["analysis=nope"], "not one of heads, lens")]:
         done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
@@ -276,3 +277,31 @@ def test_a_compiled_model_has_the_same_hook_names_and_patterns():
     assert sorted(seen) == sorted(eager)
     for name in eager:
         torch.testing.assert_close(seen[name], eager[name], atol=1e-12, rtol=0)
+
+
+def test_the_curve_reads_the_head_scalars_a_run_logged_and_finds_when_they_rose(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gpt.interpret.curve import figure, formation, read_scalars
+
+    induction = {0: 0.01, 200: 0.02, 400: 0.30, 600: 0.55, 800: 0.60}
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step, value in induction.items():
+        writer.add_scalar("heads/induction_best", value, step)
+        writer.add_scalar("heads/previous_token_best", 0.9, step)
+        writer.add_scalar("heads/in_context_loss", -value, step)
+    writer.add_scalar("heads/induction_best", 0.65, 800)  # evaluated again at a resume: the later value counts
+    writer.close()
+    result = formation(read_scalars(tmp_path))
+    assert [row["step"] for row in result["curve"]] == list(induction)
+    assert result["curve"][-1] == {"step": 800, "induction_best": pytest.approx(0.65), "previous_token_best":
+                                   pytest.approx(0.9), "in_context_loss": pytest.approx(-0.6)}
+    assert result["first_step_over"] == 600 and result["steepest_rise"]["from"] == 200
+    assert figure(result).axes  # draws without val/loss too
+    with pytest.raises(UserError, match="has none"):
+        read_scalars(tmp_path / "empty")
+    writer = SummaryWriter(log_dir=str(tmp_path / "plain"))
+    writer.add_scalar("val/loss", 3.0, 0)
+    writer.close()
+    with pytest.raises(UserError, match="logged no head scores"):
+        read_scalars(tmp_path / "plain")
