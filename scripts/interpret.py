@@ -1,5 +1,6 @@
-"""What each head does: python scripts/interpret.py ckpt=<run dir> analysis=heads|lens|attribution|patching|ablation
-[prompt=...] [corrupted=...] [ablate=[L1H2]] [out=<folder>] -> <out>/<analysis>.json and .png (docs/interpret.md)."""
+"""What each head does: python scripts/interpret.py ckpt=<run dir>
+analysis=heads|lens|attribution|patching|ablation|curve [prompt=...] [corrupted=...] [ablate=[L1H2]]
+[out=<folder>] -> <out>/<analysis>.json and .png (docs/interpret.md)."""
 
 from gpt.cli import hydra_entry
 

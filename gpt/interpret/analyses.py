@@ -61,7 +61,8 @@ def heads(model, tokenizer, cfg):
     result = {"repeat": length, "batch": cfg.batch, "pool": len(pool), "scores": scores,
               "best": {role: {"head": f"L{layer}H{head}", "score": float(scores[role][layer, head])}
                        for role, (layer, head) in best.items()},
-              "ablation": roles.induction_ablation(model, scores["induction"], tokens, length)}
+              "ablation": roles.induction_ablation(model, scores["induction"], tokens, length,
+                                                   previous=scores["previous_token"])}
     return result, grids([(f"{role.replace('_', ' ')} score", s) for role, s in scores.items()],
                          title=f"head roles on {cfg.batch} x 2 x {length} repeated random tokens", scale=(0.0, 1.0))
 
@@ -123,4 +124,13 @@ def ablation(model, tokenizer, cfg):
             grids([("loss increase, second repeat", second), ("loss increase, prompt", on_prompt)]))
 
 
-ANALYSES = {"heads": heads, "lens": lens, "attribution": attribution, "patching": patching, "ablation": ablation}
+def curve(model, tokenizer, cfg):
+    """The head scores a run logged while it trained (train.heads=true), by step: when the induction heads formed."""
+    from gpt.interpret import curve as formed
+
+    result = formed.formation(formed.read_scalars(cfg.ckpt))
+    return result, formed.figure(result)
+
+
+ANALYSES = {"curve": curve, "heads": heads, "lens": lens, "attribution": attribution, "patching": patching,
+            "ablation": ablation}

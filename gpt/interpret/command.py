@@ -16,7 +16,7 @@ from gpt.files import atomic_write_all, output_path
 from gpt.interpret.heads import parse_heads
 from gpt.model.config import MISSING, ScriptConfig
 
-ANALYSES = ("heads", "lens", "attribution", "patching", "ablation")
+ANALYSES = ("heads", "lens", "attribution", "patching", "ablation", "curve")
 
 
 @dataclass
@@ -25,7 +25,7 @@ class InterpretConfig(ScriptConfig):
 
     ckpt: str = MISSING  # a run directory, .pt file, exported folder, or gpt2* (with init_path)
     init_path: Optional[str] = None
-    analysis: str = "heads"  # heads | lens | attribution | patching | ablation
+    analysis: str = "heads"  # heads | lens | attribution | patching | ablation | curve
     prompt: str = "def main():\n    return main()"  # lens, attribution, patching (clean); \n and \t unescaped
     corrupted: Optional[str] = None  # patching: the corrupted prompt, as many tokens as prompt
     ablate: list[str] = field(default_factory=list)  # ablation: heads as L{layer}H{head}; empty: each head alone

@@ -131,21 +131,40 @@ def ablation_effects(model: nn.Module, tokens: Tensor, start: int = 0) -> Tensor
                           for head in range(config.n_head)] for layer in range(config.n_layer)])
 
 
-def induction_ablation(model: nn.Module, scores: Tensor, tokens: Tensor, length: int, threshold: float = 0.5) -> dict:
+def induction_ablation(model: nn.Module, scores: Tensor, tokens: Tensor, length: int, threshold: float = 0.5,
+                       previous: Tensor | None = None) -> dict:
     """The done-when experiment: the heads whose induction score passes ``threshold``, zeroed together, against as
-    many other heads zeroed together (the lowest-scoring ones of the same layers first, then of the others): the
-    loss on the second repeat before and after each."""
+    many other heads zeroed together, and the loss on the second repeat before and after each. Other heads are the
+    lowest-scoring ones of the same layers first, then of the others, leaving out the previous-token heads the
+    circuit reads from (``previous`` scores past ``threshold`` in an earlier layer): zeroing those breaks the
+    circuit too, so they measure it, not a bystander. The same rule with them in is reported beside
+    (``other_heads_any``)."""
     found = [(layer, head) for layer, head in torch.nonzero(scores > threshold).tolist()]
-    layers = {layer for layer, _ in found}
-    rest = sorted((pair for pair in torch.cartesian_prod(torch.arange(scores.size(0)),
-                                                         torch.arange(scores.size(1))).tolist()
-                   if tuple(pair) not in found), key=lambda p: (p[0] not in layers, float(scores[p[0], p[1]])))
-    others = [tuple(pair) for pair in rest[:len(found)]]
+    feeding = [] if previous is None or not found else [
+        (layer, head) for layer, head in torch.nonzero(previous > threshold).tolist()
+        if layer < min(layer for layer, _ in found) and (layer, head) not in found]
+    any_others = other_heads(scores, found, [])
+    others = other_heads(scores, found, feeding)
     base = second_repeat_loss(model, tokens, length)
-    return {"threshold": threshold, "induction_heads": found, "other_heads": others, "loss_second_repeat": base,
+    ablated = {}
+    for name, heads in (("induction", found), ("others", others), ("others_any", any_others)):
+        ablated[name] = second_repeat_loss(model, tokens, length, heads) - base if found and heads else None
+    return {"threshold": threshold, "induction_heads": found, "other_heads": others, "feeding_heads": feeding,
+            "other_heads_any": any_others, "loss_second_repeat": base,
             "loss_first_repeat": float(token_losses(model, tokens)[:, :length - 1].mean()),
-            "ablated_induction": second_repeat_loss(model, tokens, length, found) - base if found else None,
-            "ablated_others": second_repeat_loss(model, tokens, length, others) - base if found else None}
+            "ablated_induction": ablated["induction"], "ablated_others": ablated["others"],
+            "ablated_others_any": ablated["others_any"]}
+
+
+def other_heads(scores: Tensor, found: list[tuple[int, int]], leave_out: list[tuple[int, int]]) -> list[tuple]:
+    """As many heads as ``found``, none of them or of ``leave_out``: the lowest induction scores of the found heads'
+    layers first, then of the other layers (fewer where the model has no more)."""
+    layers = {layer for layer, _ in found}
+    rest = sorted((tuple(pair) for pair in torch.cartesian_prod(torch.arange(scores.size(0)),
+                                                                torch.arange(scores.size(1))).tolist()
+                   if tuple(pair) not in found and tuple(pair) not in leave_out),
+                  key=lambda p: (p[0] not in layers, float(scores[p[0], p[1]])))
+    return rest[:len(found)]
 
 
 def parse_heads(names: list[str]) -> list[tuple[int, int]]:

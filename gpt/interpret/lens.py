@@ -12,22 +12,44 @@ from gpt.interpret.cache import check_tokens, run_with_cache
 from gpt.interpret.heads import evaluating
 
 
+def stage_streams(model: nn.Module, tokens: Tensor) -> list[tuple[str, Tensor]]:
+    """The residual stream (B, T, C) after the embeddings ("embed") and after each block ("block l"), from one
+    forward pass of ``tokens`` (already checked)."""
+    with evaluating(model):
+        _, cache = run_with_cache(model, tokens, ["blocks.0.hook_resid_pre", "blocks.*.hook_resid_post"])
+    stages = [("embed", cache["blocks.0.hook_resid_pre"])]
+    return stages + [(f"block {layer}", cache[f"blocks.{layer}.hook_resid_post"])
+                     for layer in range(model.config.n_layer)]
+
+
+def read_stream(model: nn.Module, resid: Tensor) -> Tensor:
+    """A stream read as the model reads its last one: through the final norm and the head, float32 logits."""
+    with torch.no_grad():
+        return model.lm_head(model.transformer.ln_f(resid)).float()
+
+
 def logit_lens(model: nn.Module, tokens: Tensor) -> list[dict]:
     """Per stage (the embeddings, then after each block): the next-token loss and top-1 accuracy over the tokens when
     the stream stops there, and the last position's top 5 tokens."""
     tokens = check_tokens(model, tokens, targets=True)
-    with evaluating(model):
-        _, cache = run_with_cache(model, tokens[:, :-1], ["blocks.0.hook_resid_pre", "blocks.*.hook_resid_post"])
-    stages = [("embed", cache["blocks.0.hook_resid_pre"])]
-    stages += [(f"block {layer}", cache[f"blocks.{layer}.hook_resid_post"]) for layer in range(model.config.n_layer)]
     targets, rows = tokens[:, 1:], []
-    with torch.no_grad():
-        for stage, resid in stages:
-            logits = model.lm_head(model.transformer.ln_f(resid)).float()
-            loss = F.cross_entropy(logits.transpose(1, 2), targets)
-            accuracy = (logits.argmax(-1) == targets).float().mean()
-            rows.append({"stage": stage, "loss": round(float(loss), 4), "accuracy": round(float(accuracy), 4),
-                         "top5_last": logits[0, -1].topk(5).indices.tolist()})
+    for stage, resid in stage_streams(model, tokens[:, :-1]):
+        logits = read_stream(model, resid)
+        loss = F.cross_entropy(logits.transpose(1, 2), targets)
+        accuracy = (logits.argmax(-1) == targets).float().mean()
+        rows.append({"stage": stage, "loss": round(float(loss), 4), "accuracy": round(float(accuracy), 4),
+                     "top5_last": logits[0, -1].topk(5).indices.tolist()})
+    return rows
+
+
+def top_tokens(model: nn.Module, tokens: Tensor) -> list[dict]:
+    """Per stage, the logit lens at every position of one sequence: the token each stage's stream would predict next
+    there and its probability ({"stage", "ids": [T], "probs": [T]}); one stage's logits in memory at a time."""
+    tokens = check_tokens(model, tokens)
+    rows = []
+    for stage, resid in stage_streams(model, tokens[:1]):
+        probs, ids = read_stream(model, resid[0]).softmax(-1).max(-1)  # (T,) each
+        rows.append({"stage": stage, "ids": ids.tolist(), "probs": probs.tolist()})
     return rows
 
 

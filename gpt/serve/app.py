@@ -456,4 +456,5 @@ def add_page_routes(app: FastAPI, models: dict[str, Served], served, max_body_by
     async def page_attention(request: Request) -> dict:
         body = protocol.parse(protocol.AttentionRequest, await read_json(request, max_body_bytes))
         s = served(body.model)
-        return await asyncio.to_thread(attention.token_picture, s, body.ids, body.prompt_tokens, body.position)
+        return await asyncio.to_thread(attention.token_picture, s, body.ids, body.prompt_tokens, body.position,
+                                       body.lens)

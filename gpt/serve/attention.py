@@ -14,9 +14,12 @@ from gpt.errors import UserError
 from gpt.inference.decoding import slide
 from gpt.inference.visualize import attention_maps, design_views, token_labels
 from gpt.interpret import heads
+from gpt.interpret.lens import top_tokens
 from gpt.serve.protocol import APIError
 
 MAX_PICTURE_BYTES = 256 * 2**20  # the maps of one context (layers x heads x T x T floats) are computed whole
+MAX_LENS_LOGITS = 2**27  # the logit lens of one context (stages x positions x vocabulary), one stage in memory at
+# a time: GPT-2's 13 stages x 50,257 tokens reach it at 205 positions
 ROLE_REPEAT, ROLE_BATCH, ROLE_SEED = 32, 4, 0  # the head roles' probe: 4 rows of 32 random tokens repeated once
 
 
@@ -30,9 +33,9 @@ def context_start(prompt_tokens: int, length: int, block_size: int) -> int:
     return starts[0]
 
 
-def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> dict:
+def token_picture(served, ids: list[int], prompt_tokens: int, position: int, lens: bool = False) -> dict:
     """The weights of the token at ``position`` over its context: (n_layer, n_head, context) as nested lists,
-    with the context's token labels, and what to read from them."""
+    with the context's token labels, and what to read from them; with ``lens``, the logit lens of that context."""
     model, config = served.model, served.model.config
     if not ids or not all(isinstance(t, int) and 0 <= t < served.tokenizer.vocab_size for t in ids):
         raise APIError(400, "ids must be a non-empty list of token ids of this model", "ids")
@@ -47,9 +50,14 @@ def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> 
     if need > MAX_PICTURE_BYTES:
         raise APIError(400, f"the maps of a {len(context)}-token context need {need / 2**20:.0f} MiB; the page "
                        f"draws contexts up to {MAX_PICTURE_BYTES / 2**20:.0f} MiB", "position")
+    lens_need = (config.n_layer + 1) * len(context) * config.vocab_size
+    if lens and lens_need > MAX_LENS_LOGITS:
+        raise APIError(400, f"the logit lens of a {len(context)}-token context is {lens_need:,} logits; the server "
+                       f"computes at most {MAX_LENS_LOGITS:,} (pick an earlier token, or leave lens out)", "lens")
     idx = torch.tensor([context], device=next(model.parameters()).device)
     with served.engine.lock:  # the recorder swaps the layers' kernels: no decoding step may run meanwhile
         maps = attention_maps(model, idx)[:, :, -1, :]  # (n_layer, n_head, T): the last token's row
+        stages = top_tokens(model, idx) if lens else None  # hooks attached: likewise
     sums = maps.sum(-1)
     notes = []  # what the weights themselves show, beside what the designs say they show (the registry's views)
     if maps.min() < 0:
@@ -59,7 +67,15 @@ def token_picture(served, ids: list[int], prompt_tokens: int, position: int) -> 
     return {"model": served.name, "position": position, "context_start": start,
             "tokens": token_labels(served.tokenizer, context), "layers": config.n_layer, "heads": config.n_head,
             "weights": [[[round(float(w), 4) for w in head] for head in layer] for layer in maps.tolist()],
-            "views": design_views(config), "notes": notes, "roles": head_roles(served) or None}
+            "views": design_views(config), "notes": notes, "roles": head_roles(served) or None,
+            **({"lens": lens_rows(served.tokenizer, stages)} if lens else {})}
+
+
+def lens_rows(tokenizer, stages: list[dict]) -> list[dict]:
+    """gpt.interpret.lens.top_tokens' stages as the page shows them: each position's top next token, as id, label
+    and probability."""
+    return [{"stage": s["stage"], "ids": s["ids"], "tokens": token_labels(tokenizer, s["ids"]),
+             "probs": [round(p, 4) for p in s["probs"]]} for s in stages]
 
 
 def head_roles(served) -> dict:

@@ -146,12 +146,14 @@ class ChatRequest(_Sampling):
 
 class AttentionRequest(_Body):
     """The page's POST /api/attention: the weights of the token at ``position`` of ``ids`` (the first
-    ``prompt_tokens`` of them the prompt)."""
+    ``prompt_tokens`` of them the prompt); with ``lens``, each layer's top next token at every position of its
+    context too."""
 
     model: str
     ids: list[int]
     prompt_tokens: int
     position: int
+    lens: bool = False  # also the logit lens of the same context (docs/serving.md)
 
 
 def parse(model: type[_Body], data: Any) -> Any:

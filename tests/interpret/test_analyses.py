@@ -16,7 +16,15 @@ import torch.nn.functional as F
 from conftest import perturbed_model, run_script
 from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
-from gpt.interpret.heads import detect, induction_ablation, repeated_tokens, role_scores, token_losses, token_pool
+from gpt.interpret.heads import (
+    detect,
+    induction_ablation,
+    other_heads,
+    repeated_tokens,
+    role_scores,
+    token_losses,
+    token_pool,
+)
 from gpt.interpret.hooks import hook_points
 from gpt.interpret.lens import direct_attribution, logit_lens
 from gpt.interpret.patching import patch
@@ -76,10 +84,22 @@ def test_the_detector_finds_a_hand_built_induction_circuit_and_ablating_it_costs
     others = torch.ones(2, 2, dtype=torch.bool)
     others[1, 0] = False
     assert scores["induction"][others].max() < 0.1
-    result = induction_ablation(m, scores["induction"], repeated_tokens(torch.arange(16), 16, 8, 1), 16)
+    result = induction_ablation(m, scores["induction"], repeated_tokens(torch.arange(16), 16, 8, 1), 16,
+                                previous=scores["previous_token"])
     assert result["induction_heads"] == [(1, 0)] and result["other_heads"] == [(1, 1)]
+    assert result["feeding_heads"] == [(0, 0)]  # the previous-token head the circuit reads from
     assert result["loss_second_repeat"] < 0.1 < 20 < result["loss_first_repeat"]
     assert result["ablated_induction"] > 2 and abs(result["ablated_others"]) < 1e-6
+    assert result["ablated_others_any"] == result["ablated_others"]  # the same head either way here
+    assert token_losses(m, repeated_tokens(torch.arange(16), 16, 8, 1), [(0, 0)])[:, 16:].mean() > 2  # it feeds it
+
+
+def test_other_heads_leave_out_the_heads_feeding_the_circuit_only_when_told():
+    scores = torch.tensor([[0.0, 0.01, 0.02], [0.9, 0.8, 0.03]])  # layer 1's first two heads induction heads
+    found = [(1, 0), (1, 1)]
+    assert other_heads(scores, found, []) == [(1, 2), (0, 0)]  # the same layer's first, then the lowest
+    assert other_heads(scores, found, [(0, 0)]) == [(1, 2), (0, 1)]  # layer 0's previous-token head left out
+    assert other_heads(scores, found, [(0, 0), (0, 1), (0, 2)]) == [(1, 2)]  # fewer where no more are left
 
 
 def test_no_token_comes_twice_in_a_repeat_when_the_pool_has_enough():
@@ -242,6 +262,7 @@ def test_the_script_writes_json_and_png_and_refuses_bad_input_in_one_line(checkp
                           (["analysis=ablation", "ablate=[L5H0]"], "out of range"),
                           (["analysis=ablation", "ablate=[head1]"], "L<layer>H<head>"),
                           (["analysis=lens", "prompt=" + "a" * 20], "more than the model's context"),
+                          (["analysis=curve"], "has none"),  # a checkpoint's folder without a run's events
                           (["analysis=nope"], "not one of heads, lens")]:
         done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
@@ -256,3 +277,31 @@ def test_a_compiled_model_has_the_same_hook_names_and_patterns():
     assert sorted(seen) == sorted(eager)
     for name in eager:
         torch.testing.assert_close(seen[name], eager[name], atol=1e-12, rtol=0)
+
+
+def test_the_curve_reads_the_head_scalars_a_run_logged_and_finds_when_they_rose(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gpt.interpret.curve import figure, formation, read_scalars
+
+    induction = {0: 0.01, 200: 0.02, 400: 0.30, 600: 0.55, 800: 0.60}
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step, value in induction.items():
+        writer.add_scalar("heads/induction_best", value, step)
+        writer.add_scalar("heads/previous_token_best", 0.9, step)
+        writer.add_scalar("heads/in_context_loss", -value, step)
+    writer.add_scalar("heads/induction_best", 0.65, 800)  # evaluated again at a resume: the later value counts
+    writer.close()
+    result = formation(read_scalars(tmp_path))
+    assert [row["step"] for row in result["curve"]] == list(induction)
+    assert result["curve"][-1] == {"step": 800, "induction_best": pytest.approx(0.65), "previous_token_best":
+                                   pytest.approx(0.9), "in_context_loss": pytest.approx(-0.6)}
+    assert result["first_step_over"] == 600 and result["steepest_rise"]["from"] == 200
+    assert figure(result).axes  # draws without val/loss too
+    with pytest.raises(UserError, match="has none"):
+        read_scalars(tmp_path / "empty")
+    writer = SummaryWriter(log_dir=str(tmp_path / "plain"))
+    writer.add_scalar("val/loss", 3.0, 0)
+    writer.close()
+    with pytest.raises(UserError, match="logged no head scores"):
+        read_scalars(tmp_path / "plain")

@@ -485,6 +485,35 @@ def test_attention_pictures_are_the_maps_of_each_tokens_context(server):
         assert status == 400 and message in answer["error"]["message"], answer
 
 
+def test_the_logit_lens_is_opt_in_and_its_last_layer_is_the_models_prediction(server, monkeypatch):
+    from gpt.serve import attention
+
+    url, ids, models = server
+    model, sequence = models[ids["mla"]].model, list(range(3, 33))
+    request = {"model": ids["mla"], "ids": sequence, "prompt_tokens": 9, "position": 20}
+    status, plain = post(url + "/api/attention", json.dumps(request).encode())
+    assert status == 200 and "lens" not in plain  # opt-in
+    status, picture = post(url + "/api/attention", json.dumps(request | {"lens": True}).encode())
+    assert status == 200 and picture["weights"] == plain["weights"]
+    lens = picture["lens"]
+    assert [s["stage"] for s in lens] == ["embed", "block 0", "block 1"]
+    with torch.no_grad():  # the last stage is what the model itself predicts at every position of the context
+        probs = model(torch.tensor([sequence[:21]]))[0][0].softmax(-1)
+    top, ids_ = probs.max(-1)
+    assert lens[-1]["ids"] == ids_.tolist() and lens[-1]["tokens"] == [
+        CharTokenizer(CHARS).decode([i]).replace(" ", "\u2423").replace("\n", "\\n") for i in ids_.tolist()]
+    torch.testing.assert_close(torch.tensor(lens[-1]["probs"]), top, atol=1e-4, rtol=0)
+    assert all(len(s["ids"]) == len(s["probs"]) == 21 for s in lens)
+    assert lens[0]["ids"] != lens[-1]["ids"]  # the stages are read from their own streams
+    monkeypatch.setattr(attention, "MAX_LENS_LOGITS", 3 * 21 * len(CHARS) - 1)  # one logit too many
+    status, answer = post(url + "/api/attention", json.dumps(request | {"lens": True}).encode())
+    assert status == 400 and answer["error"]["param"] == "lens" and "at most" in answer["error"]["message"], answer
+    status, again = post(url + "/api/attention", json.dumps(request | {"position": 19, "lens": True}).encode())
+    assert status == 200 and len(again["lens"][0]["ids"]) == 20  # a smaller context passes; the server serves on
+    status, answer = post(url + "/api/attention", json.dumps(request | {"lens": 1}).encode())
+    assert status == 400 and "lens" in answer["error"]["message"], answer  # typed strictly
+
+
 def test_the_attention_field_returns_the_weights_each_new_token_was_chosen_with(server):
     from gpt.inference.visualize import attention_maps
 

@@ -3,6 +3,7 @@ typed, tokens streaming in from two models side by side, a token clicked, every 
 checked in the page and in a screenshot."""
 
 import io
+import json
 import shutil
 import tempfile
 
@@ -11,7 +12,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 
-from test_serve import DESIGNS, save  # noqa: E402
+from test_serve import DESIGNS, post, save  # noqa: E402
 
 from gpt.inference.chat_template import Renderer  # noqa: E402
 from gpt.serve.app import create_app  # noqa: E402
@@ -70,6 +71,7 @@ def test_page_streams_tokens_and_draws_a_tokens_attention(browser, tmp_path):
             assert len(browser.find_elements(By.CSS_SELECTOR, pane[i] + " .tok")) == 69
         assert browser.find_element(By.CSS_SELECTOR, pane[1] + " .about").text.endswith(
             "window=8, stream.sinks=2 (designs: rope, stream)")
+        browser.find_element(By.ID, "lens").click()  # the logit lens too, under each map
         for i, position in ((0, 20), (1, 50)):
             browser.find_elements(By.CSS_SELECTOR, pane[i] + " .tok")[position].click()
             canvas = pane[i] + " canvas.grid"
@@ -77,6 +79,16 @@ def test_page_streams_tokens_and_draws_a_tokens_attention(browser, tmp_path):
             wait.until(lambda b, c=canvas: b.find_element(By.CSS_SELECTOR, c).get_attribute("data-cells") != "0")
             cells = browser.find_element(By.CSS_SELECTOR, canvas).get_attribute("data-cells")
             assert cells == str(shape["n_layer"] * shape["n_head"])
+            rows = browser.execute_script(  # the table as text: a row per stage under a row of the context's tokens
+                "return [...document.querySelectorAll(arguments[0])].map(r => [...r.cells].map(c => c.textContent))",
+                pane[i] + " .lens tr")
+            ids, prompt = browser.execute_script(f"return [panes[{i}].ids, panes[{i}].promptTokens]")
+            status, answer = post(url + "/api/attention", json.dumps({
+                "model": str(paths[i]), "ids": ids, "prompt_tokens": prompt, "position": position,
+                "lens": True}).encode())
+            assert status == 200 and rows[0] == ["", *answer["tokens"]]
+            assert rows[1:] == [[stage["stage"], *stage["tokens"]] for stage in answer["lens"]]
+            assert len(rows) == shape["n_layer"] + 2 and rows[-1][0] == f"block {shape['n_layer'] - 1}"
         labels = browser.find_element(By.CSS_SELECTOR, pane[0] + " canvas.grid").get_attribute("data-roles")
         assert labels == "L0H1 previous token 0.91; L1H2 induction 0.57", labels  # each head's best role
         # the stream model's view: token 50's context began where the last slide left it (block_size 40: at 41

@@ -140,8 +140,9 @@ class Pane {
 
   async show(position) {
     try {
+      const lens = document.getElementById("lens").checked;  // opt-in: the server computes it only when asked
       const response = await api("/api/attention", {model: this.model, ids: this.ids, position,
-                                                     prompt_tokens: this.promptTokens});
+                                                     prompt_tokens: this.promptTokens, ...(lens && {lens})});
       this.picture = await response.json();
     } catch (err) { this.fail(err); return; }
     const p = this.picture;
@@ -152,6 +153,33 @@ class Pane {
     });
     this.panel.hidden = false;
     this.draw();
+    this.drawLens();
+  }
+
+  drawLens() {  // a table: a row per stage (the embeddings, then after each block), a column per context position
+    const p = this.picture, box = this.panel.querySelector(".lens");
+    box.hidden = !p.lens; box.textContent = "";
+    if (!p.lens) return;
+    const caption = document.createElement("div");
+    caption.className = "caption";
+    caption.textContent = "Logit lens: the token each stage's stream would predict next at each position (read " +
+      "through the final norm and the head), shaded by its probability; the last row is the model's prediction.";
+    const table = document.createElement("table"), head = table.insertRow();
+    head.appendChild(document.createElement("th"));
+    p.tokens.forEach((t, k) => { const th = document.createElement("th"); th.textContent = t;
+      th.title = `position ${p.context_start + k}`; head.appendChild(th); });
+    for (const stage of p.lens) {
+      const row = table.insertRow(), name = document.createElement("th");
+      name.textContent = stage.stage; row.appendChild(name);
+      stage.tokens.forEach((t, k) => {
+        const cell = row.insertCell();
+        cell.textContent = t;
+        cell.title = `${stage.stage}, after "${p.tokens[k]}": ${t} (p ${stage.probs[k].toFixed(2)})`;
+        cell.style.background = `rgba(253, 200, 37, ${stage.probs[k]})`;
+      });
+    }
+    table.dataset.stages = String(p.lens.length);
+    box.append(caption, table);
   }
 
   draw() {
