@@ -5,13 +5,16 @@ built-in design's cache kind (each case its contract tests check), and a user's 
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
 import torch
 
 from gpt.designs import active, available, get
+from gpt.inference import weight_layout
 from gpt.inference.decoding import decode_step, prefill, stream
+from gpt.inference.weight_layout import onednn_available
 from gpt.model import GPT, GPTConfig
 from gpt.model.kv_cache import KVCache, LayerKV
 from gpt.serve.cache_pool import SlotPool, SoloPool
@@ -354,3 +357,27 @@ def serve_together(engine: Engine, prompts: list[list[int]], tokenizer) -> list[
                    for i, (p, (_, n, s)) in enumerate(zip(prompts, JOBS))])
     assert all(event.wait(60) for event in done)
     return got
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN prepacked linear")
+def test_a_model_whose_linears_go_through_onednn_gets_what_the_loop_gives_alone(monkeypatch):
+    """The server packs its models' large Linears for oneDNN (gpt.inference.weight_layout.onednn_linears): every
+    product here goes through the packed copies (the thresholds lowered for a small model), and each sequence's
+    tokens are still those of generate.py's loop alone on the unpacked model."""
+    model, tokenizer = model_for(CASES["gpt2"], 4), CharTokenizer(CHARS)
+    packed = copy.deepcopy(model)
+    monkeypatch.setattr(weight_layout, "PACKED_MIN_ROWS", 1)
+    assert weight_layout.onednn_linears(packed, len(JOBS), smallest=0) == 4 * BASE["n_layer"] + 1  # the tied head
+    calls = []
+    pointwise = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *args: calls.append(1) or pointwise(*args))
+    engine = Engine(packed, tokenizer, max_batch=len(JOBS), max_queue=8).start()
+    try:
+        rows = prompts(7)
+        got = serve_together(engine, rows, tokenizer)
+        for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+            assert got[i] == alone(model, prompt, n, s), i
+        assert len(calls) >= engine.steps * (4 * BASE["n_layer"] + 1)  # every product of every call, packed
+    finally:
+        engine.stop()
+    torch.testing.assert_close(packed.state_dict(), model.state_dict(), rtol=0, atol=0)  # the weights untouched
