@@ -155,6 +155,31 @@ def test_the_pools_logits_are_each_rows_own_caches_logits(case):
     assert pool.free == 0 and sorted(pool.rows) == ["a", "c", "d"]
 
 
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone", "alibi:alone", "rope:alone"])
+def test_rows_whose_columns_wrap_round_are_moved_so_a_step_reads_only_their_columns(case):
+    """A prompt longer than the pool's column joins a short row: its columns wrap round the ring, and the step would
+    read every column (all 1,024 of GPT-2's, per layer); the step moves the rows' columns first, reads only them, and
+    each row's logits are still its own cache's."""
+    model = model_for(CASES[case], 5)
+    pool, size = SlotPool(model, 2, torch.device("cpu")), BASE["block_size"]
+    g = torch.Generator().manual_seed(1)
+    own = {}
+    for name, n in (("a", 2), ("b", 9)):
+        tokens = torch.randint(0, len(CHARS), (n + 1,), generator=g).tolist()
+        mine, theirs = KVCache(model.config, 1, "cpu"), KVCache(model.config, 1, "cpu")
+        for cache in (mine, theirs):
+            prefill(model, torch.tensor([tokens[:n]]), torch.arange(n)[None], None, cache)
+        pool.insert(name, theirs, n, tokens[n])
+        own[name] = (mine, n, tokens[n])
+    assert pool.span() == (0, size, False)  # "b" holds columns 17..23 and 0..1: every column would be read
+    logits = pool.decode(model)
+    assert pool.column == size // 2 + 1 and pool.span() == (size // 2 - 9, size // 2 + 2, False)  # now 11 of 24
+    for i, name in enumerate(pool.rows):
+        cache, fed, token = own[name]
+        alone_logits = decode_step(model, torch.tensor([[token]]), torch.tensor([[fed]]), cache)
+        torch.testing.assert_close(logits[i : i + 1], alone_logits, atol=1e-4, rtol=1e-4, msg=(case, name))
+
+
 class _OwnKV(LayerKV):
     """A user's cache kind (the pool cannot know where its slots are)."""
 
