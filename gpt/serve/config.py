@@ -30,6 +30,7 @@ class ServeConfig(ScriptConfig):
     prefix_cache_blocks: int = 1024  # blocks of 16 prompt tokens whose keys and values are kept for reuse; 0: none
     prefill_chunk: int = 256  # prompt tokens prefilled between two decode steps (a longer prompt takes several); 0: all
     speculate: int = 0  # prompt-lookup guesses per step for a greedy sequence decoded alone; 0: no speculation
+    onednn: bool = True  # a CPU's batched steps multiply the large float32 Linears through oneDNN's packed weights
     log_requests: bool = True  # one access-log line per request
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: Optional[AttentionConfig] = None  # attention=<kernel>: serve the weights with it (None: as trained)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from gpt.errors import UserError
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer, RendererClosed, RenderersBusy
 from gpt.inference.decoding import check_sampling, prompt_ids
+from gpt.inference.weight_layout import onednn_linears
 from gpt.model import GPT
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
@@ -74,6 +75,8 @@ def load(ckpt: str, name: str, device, kernel: str | None, backend: str | None, 
     """Load a checkpoint for serving (gpt.weights.load.load: the model, its tokenizer and its description, where the
     chat template lives); start its engine. A template that does not compile is reported, and chat refused."""
     model, tokenizer, meta = loader.load(ckpt, device, kernel, backend, init_path)
+    if limits.get("onednn"):  # a batched step's large products through oneDNN's packed weights (a CPU's float32)
+        onednn_linears(model, limits["max_batch"])
     config = model.config
     chat, problem = None, "this model has no chat template (its tokenizer description has no chat_template)"
     if "chat_template" in meta:

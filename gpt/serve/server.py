@@ -45,7 +45,7 @@ def load_models(cfg: ServeConfig, renderer: Renderer) -> dict[str, Served]:
     kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     limits = {"max_prompt_tokens": cfg.max_prompt_tokens or 0, "max_tokens": cfg.max_tokens,
               "prefix_cache_blocks": cfg.prefix_cache_blocks, "prefill_chunk": cfg.prefill_chunk,
-              "speculate": cfg.speculate,
+              "speculate": cfg.speculate, "onednn": int(cfg.onednn),
               "max_batch": cfg.max_batch, "max_queue": cfg.max_queue}
     models: dict[str, Served] = {}
     try:

@@ -5,13 +5,16 @@ built-in design's cache kind (each case its contract tests check), and a user's 
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
 import torch
 
 from gpt.designs import active, available, get
+from gpt.inference import weight_layout
 from gpt.inference.decoding import decode_step, prefill, stream
+from gpt.inference.weight_layout import onednn_available
 from gpt.model import GPT, GPTConfig
 from gpt.model.kv_cache import KVCache, LayerKV
 from gpt.serve.cache_pool import SlotPool, SoloPool
@@ -150,6 +153,31 @@ def test_the_pools_logits_are_each_rows_own_caches_logits(case):
             pool.insert(name, theirs, n, streams[name][n])
             own[name] = (mine, n)
     assert pool.free == 0 and sorted(pool.rows) == ["a", "c", "d"]
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone", "alibi:alone", "rope:alone"])
+def test_rows_whose_columns_wrap_round_are_moved_so_a_step_reads_only_their_columns(case):
+    """A prompt longer than the pool's column joins a short row: its columns wrap round the ring, and the step would
+    read every column (all 1,024 of GPT-2's, per layer); the step moves the rows' columns first, reads only them, and
+    each row's logits are still its own cache's."""
+    model = model_for(CASES[case], 5)
+    pool, size = SlotPool(model, 2, torch.device("cpu")), BASE["block_size"]
+    g = torch.Generator().manual_seed(1)
+    own = {}
+    for name, n in (("a", 2), ("b", 9)):
+        tokens = torch.randint(0, len(CHARS), (n + 1,), generator=g).tolist()
+        mine, theirs = KVCache(model.config, 1, "cpu"), KVCache(model.config, 1, "cpu")
+        for cache in (mine, theirs):
+            prefill(model, torch.tensor([tokens[:n]]), torch.arange(n)[None], None, cache)
+        pool.insert(name, theirs, n, tokens[n])
+        own[name] = (mine, n, tokens[n])
+    assert pool.span() == (0, size, False)  # "b" holds columns 17..23 and 0..1: every column would be read
+    logits = pool.decode(model)
+    assert pool.column == size // 2 + 1 and pool.span() == (size // 2 - 9, size // 2 + 2, False)  # now 11 of 24
+    for i, name in enumerate(pool.rows):
+        cache, fed, token = own[name]
+        alone_logits = decode_step(model, torch.tensor([[token]]), torch.tensor([[fed]]), cache)
+        torch.testing.assert_close(logits[i : i + 1], alone_logits, atol=1e-4, rtol=1e-4, msg=(case, name))
 
 
 class _OwnKV(LayerKV):
@@ -354,3 +382,27 @@ def serve_together(engine: Engine, prompts: list[list[int]], tokenizer) -> list[
                    for i, (p, (_, n, s)) in enumerate(zip(prompts, JOBS))])
     assert all(event.wait(60) for event in done)
     return got
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN prepacked linear")
+def test_a_model_whose_linears_go_through_onednn_gets_what_the_loop_gives_alone(monkeypatch):
+    """The server packs its models' large Linears for oneDNN (gpt.inference.weight_layout.onednn_linears): every
+    product here goes through the packed copies (the thresholds lowered for a small model), and each sequence's
+    tokens are still those of generate.py's loop alone on the unpacked model."""
+    model, tokenizer = model_for(CASES["gpt2"], 4), CharTokenizer(CHARS)
+    packed = copy.deepcopy(model)
+    monkeypatch.setattr(weight_layout, "PACKED_MIN_ROWS", 1)
+    assert weight_layout.onednn_linears(packed, len(JOBS), smallest=0) == 4 * BASE["n_layer"] + 1  # the tied head
+    calls = []
+    pointwise = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *args: calls.append(1) or pointwise(*args))
+    engine = Engine(packed, tokenizer, max_batch=len(JOBS), max_queue=8).start()
+    try:
+        rows = prompts(7)
+        got = serve_together(engine, rows, tokenizer)
+        for i, (prompt, (_, n, s)) in enumerate(zip(rows, JOBS)):
+            assert got[i] == alone(model, prompt, n, s), i
+        assert len(calls) >= engine.steps * (4 * BASE["n_layer"] + 1)  # every product of every call, packed
+    finally:
+        engine.stop()
+    torch.testing.assert_close(packed.state_dict(), model.state_dict(), rtol=0, atol=0)  # the weights untouched
