@@ -31,18 +31,22 @@ def run(cfg: ProbeConfig, log: Callable[[str], None] = print) -> list[dict[str, 
 
 
 def header(cfg: ProbeConfig, data=None) -> str:
-    """What every run shared: model, training, sweep, seeds, and the test (the corpus task's: which text)."""
+    """What every run shared: model, training, sweep, seeds, and the tests (the corpus task's: which text)."""
     s = effective(cfg.probes)
     m = {**{k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "n_embd")},
          **(QUICK_MODEL if cfg.probes.quick else {})}
     seeds = f"{s.seeds} seeds ({cfg.seed} to {cfg.seed + s.seeds - 1})" if s.seeds > 1 else f"seed {cfg.seed}"
+    corpus, accuracy = "corpus" in s.tasks, any(t != "corpus" for t in s.tasks)
+    kept = "accuracy" if not corpus else "bits per byte" if not accuracy else "score (accuracy; corpus: bits per byte)"
+    tests = [f"accuracy on the answer positions of {s.examples} test sequences"] if accuracy else []
+    if corpus:
+        tests.append(f"corpus@kx: held-out bits per byte of {s.examples} windows of "
+                     f"{data.dir if data is not None else cfg.data.name} at k times the context (trained at 1x), "
+                     "lower is better" + (", not in the composite" if accuracy else ""))
     return (f"Model: {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, each design's fields over it; "
             f"context {s.seq_len}" + (f" (passkey scored at {', '.join(f'{k}x' for k in s.passkey_lengths)})"
                                       if "passkey" in s.tasks else "") + f"; {s.steps} "
             f"AdamW steps of {s.batch_size} sequences at each learning rate of {s.learning_rates}, the best by "
-            f"validation accuracy kept; {seeds}; accuracy on the answer positions of {s.examples} test sequences"
-            + (f"; corpus@kx: held-out bits per byte of {s.examples} windows of {data.dir if data else cfg.data.name}"
-               f" at k times the context, trained at 1x, lower is better, not in the composite"
-               if "corpus" in s.tasks else "") + ". "
+            f"validation {kept} kept; {seeds}; {'; '.join(tests)}. "
             f"p: Welch's one-sided t-test of each design's score against {baseline(cfg)}'s over the seeds, in the "
             f"direction of the verdict (n.s.: better); better or worse at alpha = {s.alpha:g}, else n.s.")
