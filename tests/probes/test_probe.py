@@ -4,6 +4,7 @@ in the folder refused, and bad input as one error line each."""
 
 import csv
 import json
+import math
 import re
 import shlex
 
@@ -65,6 +66,25 @@ def test_a_tampered_result_or_another_configuration_is_refused(tmp_path):
         arena_runs.save(folder, {**good, **change})
         with pytest.raises(UserError, match=message):
             probe_cells.finished(cell, ["memorization"], [0.001])
+
+
+def test_a_corpus_result_holds_bits_per_byte_and_a_negative_or_non_number_one_is_refused(tmp_path):
+    cfg = probe_config(*QUICK, "probes.tasks=[corpus]", f"out_dir={tmp_path}")
+    cell = plan(cfg)[0]  # validated only: the corpus's vocabulary a placeholder, the data not opened
+    assert (cell.task, cell.model.block_size, cell.settings["corpus_lengths"]) == ("corpus", 32, [1, 2])
+    assert "corpus_lengths" not in plan(probe_config(*QUICK, "probes.tasks=[induction]"))[0].settings
+    folder = tmp_path / "corpus" / "gpt2" / "seed1"
+    arena_runs.start(folder, cell)
+    good = {"metrics": {"corpus@1x": 3.2, "corpus@2x": 4.1}, "lr": 0.001, "val": 3.3, "sweep": {"0.001": 3.3},
+            "params": 10, "train_s": 1.0}
+    arena_runs.save(folder, good)
+    assert probe_cells.finished(cell, ["corpus@1x", "corpus@2x"], [0.001], math.inf)["val"] == 3.3
+    with pytest.raises(UserError, match=r"corpus@1x must be a number in \[0, 1\], got 3.2"):  # as an accuracy
+        probe_cells.finished(cell, ["corpus@1x", "corpus@2x"], [0.001])
+    for change in ({"val": -0.5}, {"metrics": {"corpus@1x": "3.2", "corpus@2x": 4.1}}):
+        arena_runs.save(folder, {**good, **change})
+        with pytest.raises(UserError, match="must be a number"):
+            probe_cells.finished(cell, ["corpus@1x", "corpus@2x"], [0.001], math.inf)
 
 
 @pytest.mark.slow
