@@ -22,9 +22,10 @@ from gpt.validate import shown
 FIELDS = ("metrics", "lr", "val", "sweep", "params", "train_s")
 
 
-def finished(cell: Cell, metrics: list[str], lrs: list[float]) -> dict[str, Any] | None:
+def finished(cell: Cell, metrics: list[str], lrs: list[float], high: float = 1) -> dict[str, Any] | None:
     """A finished cell's result (None: not finished), refused when it is not what probe() writes: accuracies in
-    [0, 1] for exactly the task's metrics, a learning rate of the sweep, finite figures, nothing else."""
+    [0, 1] (the corpus's bits per byte: from 0 up, ``high=math.inf``) for exactly the task's metrics, a learning rate of
+    the sweep, finite figures, nothing else."""
     folder = Path(cell.folder)
     path = folder / arena_runs.RESULT_FILE
     if not path.exists():
@@ -42,9 +43,9 @@ def finished(cell: Cell, metrics: list[str], lrs: list[float]) -> dict[str, Any]
     lr = record.number("lr", low=0)
     if lr not in lrs:
         raise record.error(f"lr must be one of the sweep's {lrs}, got {shown(lr)}")
-    return {"metrics": {k: scores.number(k, low=0, high=1) for k in metrics}, "lr": lr,
-            "val": record.number("val", low=0, high=1),
-            "sweep": {k: sweep.number(k, low=0, high=1) for k in sweep.value},
+    return {"metrics": {k: scores.number(k, low=0, high=high) for k in metrics}, "lr": lr,
+            "val": record.number("val", low=0, high=high),
+            "sweep": {k: sweep.number(k, low=0, high=high) for k in sweep.value},
             "params": record.int("params", low=1), "train_s": record.number("train_s", low=0)}
 
 
@@ -53,22 +54,24 @@ def row(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "task": cell.task, "design": cell.design, "spec": cell.spec, "seed": cell.seed}
 
 
-def run_cells(cfg: ProbeConfig, cells: list[Cell], log: Callable[[str], None]) -> list[dict[str, Any]]:
+def run_cells(cfg: ProbeConfig, cells: list[Cell], log: Callable[[str], None], data=None) -> list[dict[str, Any]]:
     """Each cell not finished already, ``probes.workers`` at a time (a thread each); the finished rows in plan
-    order. A stop signal: no new cell starts, the running ones stop at their next step, unrecorded."""
+    order. A stop signal: no new cell starts, the running ones stop at their next step, unrecorded. ``data``: the
+    corpus task's (gpt.probes.corpus.open_corpus)."""
     from gpt.arena.report import make_out_dir
     from gpt.device import resolve_device
     from gpt.probes.train import Stopped, probe
     from gpt.train.signals import SignalGuard
 
     s = effective(cfg.probes)
-    tasks = {t.name: t for t in build(s.tasks, s)}
+    tasks = {t.name: t for t in build(s.tasks, s, data)}
     make_out_dir(Path(cfg.out_dir))
     for cell in cells:  # before anything trains: a folder of another configuration is refused
         arena_runs.check_folder(Path(cell.folder), cell, Path(cfg.out_dir))
     rows: dict[int, dict[str, Any]] = {}
     for i, cell in enumerate(cells):
-        kept = finished(cell, list(tasks[cell.task].metrics()), s.learning_rates)
+        task = tasks[cell.task]
+        kept = finished(cell, list(task.metrics()), s.learning_rates, math.inf if task.lower_is_better else 1)
         if kept is not None:
             rows[i] = row(cell, kept)
     todo = [i for i in range(len(cells)) if i not in rows]
@@ -81,7 +84,7 @@ def run_cells(cfg: ProbeConfig, cells: list[Cell], log: Callable[[str], None]) -
     def one(i: int, _: str) -> dict[str, Any]:
         cell = cells[i]
         arena_runs.start(Path(cell.folder), cell)
-        task = build([cell.task.partition("@")[0]], s)
+        task = build([cell.task.partition("@")[0]], s, data)
         task = next(t for t in task if t.name == cell.task)  # a private copy: memorisation's map is per seed
         try:
             return probe(task, cell.model, cell.seed, s.learning_rates, s.steps, s.batch_size, s.examples, device,

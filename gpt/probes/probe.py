@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpt.arena.plan import parse_variant, sized, variant_name
+from gpt.data.config import DataConfig
 from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, check_positive
 from gpt.files import output_path
@@ -20,7 +21,8 @@ from gpt.probes.registry import build, task_names
 from gpt.probes.tasks import Task, TaskSettings
 
 QUICK = dict(seq_len=16, vocab=64, mqar_pairs=[2], small_vocab=8, memory_keys=8, copy_tokens=3, passkey_digits=2,
-             passkey_lengths=[1, 2], steps=6, batch_size=8, examples=16, motif=2)  # probes.quick: seconds per cell
+             passkey_lengths=[1, 2], corpus_lengths=[1, 2], steps=6, batch_size=8, examples=16,
+             motif=2)  # probes.quick: seconds per cell
 QUICK_MODEL = dict(n_layer=1, n_head=2, n_embd=16)
 MAX_CELLS = 2000  # (task, design, seed) cells a card may plan
 
@@ -86,9 +88,11 @@ def effective(s: ProbeSettings) -> ProbeSettings:
 
 @dataclass
 class ProbeConfig(ScriptConfig):
-    """scripts/probe.py (configs/probe.yaml): the base model every design changes, and the probes."""
+    """scripts/probe.py (configs/probe.yaml): the base model every design changes, the corpus of the corpus task,
+    and the probes."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the corpus task's text (prepared when the card runs)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     seed: int = 1
@@ -114,7 +118,7 @@ class Cell:
     spec: str
     seed: int
     model: GPTConfig
-    settings: dict[str, Any]  # the effective ProbeSettings but the axes (designs, tasks, baseline, seeds, workers)
+    settings: dict[str, Any]  # the effective ProbeSettings but the axes (the corpus task's: its lengths and data too)
     folder: str
 
 
@@ -141,12 +145,15 @@ def design_model(cfg: ProbeConfig, spec: str, task: Task) -> GPTConfig:
         raise ConfigError(f"design {spec!r} cannot run {task.name}: {err}", hint=err.hint) from None
 
 
-def plan(cfg: ProbeConfig) -> list[Cell]:
-    """Every cell, task by task, design by design, seed by seed."""
+def plan(cfg: ProbeConfig, data=None) -> list[Cell]:
+    """Every cell, task by task, design by design, seed by seed. ``data``: the corpus task's prepared data
+    (gpt.probes.corpus.open_corpus); without it the plan is only validated (the corpus's vocabulary a placeholder)."""
     s = effective(cfg.probes)
-    settings = {k: v for k, v in asdict(s).items() if k not in AXES}
+    shared = {k: v for k, v in asdict(s).items() if k not in AXES and k != "corpus_lengths"}
     cells = []
-    for task in build(s.tasks, s):
+    for task in build(s.tasks, s, data):
+        settings = shared if task.name != "corpus" else \
+            {**shared, "corpus_lengths": s.corpus_lengths, "corpus": str(data.dir) if data is not None else None}
         for spec in s.designs:
             model = design_model(cfg, spec, task)
             for seed in range(cfg.seed, cfg.seed + s.seeds):

@@ -5,7 +5,8 @@ Semantics follow the papers' generators (read, not copied): multi-query associat
 al. 2023, ``zoology/data/multiquery_ar.py``); MAD's six (Poli et al. 2024, ``mad/data/instances.py``); induction on a
 repeated random sequence (Olsson et al. 2022); passkey retrieval (Mohtashami and Jaggi 2023), trained at one length
 and scored at several (its layout is gpt.evaluation.positions.place_passkey, which scores a trained model's passkey
-on corpus text too). gpt/probes/mad.py holds MAD's six, gpt/probes/registry.py names them all.
+on corpus text too). gpt/probes/mad.py holds MAD's six, gpt/probes/corpus.py the corpus task (bits per byte by
+length), gpt/probes/registry.py names them all.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class TaskSettings:
     memory_keys: int = 64  # memorisation: a fixed key -> value map of this many keys, learned in the weights
     passkey_digits: int = 4  # passkey: digits of the key, each from 10 tokens
     passkey_lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # scored at these x seq_len
+    corpus_lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # corpus: bits per byte at x seq_len
 
 
 class Task:
@@ -42,6 +44,7 @@ class Task:
     sample(rng, n, length) -> (inputs, targets), two (n, length) int64 arrays."""
 
     name = ""
+    lower_is_better = False  # accuracy: higher is better (the corpus task's bits per byte: lower)
 
     def __init__(self, s: TaskSettings) -> None:
         self.s = s
@@ -64,6 +67,10 @@ class Task:
 
     def sample(self, rng: np.random.Generator, n: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    def held_out(self, rng: np.random.Generator, n: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Validation and test sequences: drawn as the training ones (the corpus task: from the val split)."""
+        return self.sample(rng, n, length)
 
 
 def shifted(seq: np.ndarray, answer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """One probe run: a design's model trained from scratch on a task at each learning rate of the sweep, the rate with
 the best validation accuracy kept, then scored on a held-out test set at each of the task's lengths (MAD's
-protocol). Loss and accuracy read the answer positions alone.
+protocol). Loss and accuracy read the answer positions alone (the corpus task: every position, in bits per byte).
 
 Every draw follows the run's seed: the model's initialisation (torch), and three numpy streams, for training,
 validation and test batches; every design and learning rate of a seed sees the same sequences.
@@ -85,24 +85,33 @@ def accuracy(model: torch.nn.Module, inputs: np.ndarray, targets: np.ndarray, de
     return right / total
 
 
+def measure(task: Task, model: torch.nn.Module, inputs: np.ndarray, targets: np.ndarray, device: torch.device,
+            batch_size: int) -> float:
+    """The task's own score where it has one (the corpus: bits per byte), else accuracy on the answer positions."""
+    scorer = getattr(task, "score", None)
+    return scorer(model, inputs, targets, device, batch_size) if scorer else \
+        accuracy(model, inputs, targets, device, batch_size)
+
+
 def probe(task: Task, config: GPTConfig, seed: int, lrs: list[float], steps: int, batch_size: int,
           examples: int, device: torch.device, stop: Callable[[], bool]) -> dict[str, Any]:
-    """The run's result: the best learning rate (by validation accuracy at the training length), its validation
-    accuracy, every rate's, and the kept model's test accuracy per metric (a length each), params, seconds."""
+    """The run's result: the best learning rate (by the validation score at the training length: the highest
+    accuracy, the lowest bits per byte), its validation score, every rate's, and the kept model's test score per
+    metric (a length each), params, seconds."""
     started = time.time()
     task.constants(seed)
-    val = task.sample(stream(seed, VAL), examples)
-    tests = {name: task.sample(stream(seed, TEST), examples, length) for name, length in task.metrics().items()}
+    val = task.held_out(stream(seed, VAL), examples)
+    tests = {name: task.held_out(stream(seed, TEST), examples, length) for name, length in task.metrics().items()}
     best: tuple[float, float, torch.nn.Module] | None = None
     sweep = {}
     for lr in lrs:
         model = fit(task, config, seed, lr, steps, batch_size, device, stop)
-        score = accuracy(model, *val, device, batch_size)
+        score = measure(task, model, *val, device, batch_size)
         sweep[f"{lr:g}"] = score
-        if best is None or score > best[0]:
+        if best is None or (score < best[0] if task.lower_is_better else score > best[0]):
             best = (score, lr, model)
     assert best is not None
     score, lr, model = best
-    metrics = {name: accuracy(model, *data, device, batch_size) for name, data in tests.items()}
+    metrics = {name: measure(task, model, *data, device, batch_size) for name, data in tests.items()}
     return {"metrics": metrics, "lr": lr, "val": score, "sweep": sweep,
             "params": model.num_params(non_embedding=False), "train_s": time.time() - started}

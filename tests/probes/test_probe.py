@@ -4,6 +4,7 @@ in the folder refused, and bad input as one error line each."""
 
 import csv
 import json
+import math
 import re
 import shlex
 
@@ -67,27 +68,57 @@ def test_a_tampered_result_or_another_configuration_is_refused(tmp_path):
             probe_cells.finished(cell, ["memorization"], [0.001])
 
 
+def test_a_corpus_result_holds_bits_per_byte_and_a_negative_or_non_number_one_is_refused(tmp_path):
+    cfg = probe_config(*QUICK, "probes.tasks=[corpus]", f"out_dir={tmp_path}")
+    cell = plan(cfg)[0]  # validated only: the corpus's vocabulary a placeholder, the data not opened
+    assert (cell.task, cell.model.block_size, cell.settings["corpus_lengths"]) == ("corpus", 32, [1, 2])
+    assert "corpus_lengths" not in plan(probe_config(*QUICK, "probes.tasks=[induction]"))[0].settings
+    folder = tmp_path / "corpus" / "gpt2" / "seed1"
+    arena_runs.start(folder, cell)
+    good = {"metrics": {"corpus@1x": 3.2, "corpus@2x": 4.1}, "lr": 0.001, "val": 3.3, "sweep": {"0.001": 3.3},
+            "params": 10, "train_s": 1.0}
+    arena_runs.save(folder, good)
+    assert probe_cells.finished(cell, ["corpus@1x", "corpus@2x"], [0.001], math.inf)["val"] == 3.3
+    with pytest.raises(UserError, match=r"corpus@1x must be a number in \[0, 1\], got 3.2"):  # as an accuracy
+        probe_cells.finished(cell, ["corpus@1x", "corpus@2x"], [0.001])
+    for change in ({"val": -0.5}, {"metrics": {"corpus@1x": "3.2", "corpus@2x": 4.1}}):
+        arena_runs.save(folder, {**good, **change})
+        with pytest.raises(UserError, match="must be a number"):
+            probe_cells.finished(cell, ["corpus@1x", "corpus@2x"], [0.001], math.inf)
+
+
 @pytest.mark.slow
-def test_quick_card_runs_every_task_reports_p_and_composite_and_a_rerun_reads_it_back(tmp_path):
+def test_quick_card_runs_every_task_reports_p_and_composite_and_a_rerun_reads_it_back(tmp_path, data_args):
     out = tmp_path / "card"
-    first = run_script("probe", *QUICK, f"out_dir={out}", "probes.workers=2", env=ONE_THREAD)  # a thread each
+    first = run_script("probe", *QUICK, *data_args, f"out_dir={out}", "probes.workers=2",
+                       env=ONE_THREAD)  # a thread each
     assert first.returncode == 0, first.stderr[-3000:]
     text = (out / "probes.md").read_text()
     metrics = [m for t in build(task_names(), effective(probe_config(*QUICK).probes)) for m in t.metrics()]
     assert metrics[:2] == ["mqar@2", "in_context_recall"] and "passkey@2x" in metrics
+    assert metrics[-2:] == ["corpus@1x", "corpus@2x"]  # the corpus's bits per byte at 1x and 2x the context
     header = text.splitlines()[2]
     assert header == "| design | " + " | ".join(metrics) + " | composite |"
     linear = next(line for line in text.splitlines() if line.startswith("| linear |"))
     assert linear.count(", p ") == len(metrics) + 1 and " ± " in linear
     with open(out / "probes.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 2 * len(metrics) and all(0 <= float(r["accuracy"]) <= 1 for r in rows)
-    again = run_inline("probe", *QUICK, f"out_dir={out}")  # reads back, trains nothing: no process needed
+    assert len(rows) == 2 * 2 * len(metrics)
+    assert all(0 <= float(r["score"]) <= 1 for r in rows if r["task"] != "corpus")
+    bpb = [float(r["score"]) for r in rows if r["task"] == "corpus"]  # 6 steps: near the uniform log2(vocab)
+    assert len(bpb) == 2 * 2 * 2 and all(3 < b < 8 for b in bpb)
+    assert (out / "probes_corpus.png").is_file() and "lower is better, not in the composite" in text
+    with open(out / "probes_summary.csv") as f:
+        composite = [float(r["mean"]) for r in csv.DictReader(f) if r["metric"] == "composite"]
+    accuracies = [[float(r["score"]) for r in rows if r["design"] == d and r["task"] != "corpus"]
+                  for d in ("gpt2", "linear")]
+    assert composite == pytest.approx([sum(a) / len(a) for a in accuracies])  # the accuracies' mean alone
+    again = run_inline("probe", *QUICK, *data_args, f"out_dir={out}")  # reads back, trains nothing: no process
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "36 runs (36 finished already" in again.stdout and (out / "probes.md").read_text() == text
+    assert "40 runs (40 finished already" in again.stdout and (out / "probes.md").read_text() == text
     result = out / "mqar@2" / "linear" / "seed2" / arena_runs.RESULT_FILE
     result.write_text(json.dumps({**json.loads(result.read_text()), "val": 2.0}))
-    tampered = run_inline("probe", *QUICK, f"out_dir={out}")
+    tampered = run_inline("probe", *QUICK, *data_args, f"out_dir={out}")
     assert tampered.returncode == 2 and tampered.stderr.count("error:") == 1
     assert "val must be a number in [0, 1]" in tampered.stderr and "Traceback" not in tampered.stderr
 
@@ -102,6 +133,8 @@ def test_quick_card_runs_every_task_reports_p_and_composite_and_a_rerun_reads_it
     ("probes.designs=[gpt2,'model.block_size=32']", "cannot run mqar@4: its context (block_size=32) is shorter"),
     ("probes.designs=[gpt2,hyena]", "unknown preset 'hyena'"),
     ("probes.learning_rates=[]", "probes.learning_rates must be rates in (0, 1)"),
+    ("probes.corpus_lengths=[1,-2]", "probes.corpus_lengths must be positive multiples of probes.seq_len"),
+    ("probes.corpus_lengths=[]", "probes.corpus_lengths must be positive multiples of probes.seq_len"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(override, message):
     result = run_inline("probe", override, "out_dir=/nonexistent/never")

@@ -119,3 +119,23 @@ def test_pictures_are_drawn_for_a_task_scored_at_two_points_or_more(tmp_path):
     linear = plots.series(groups, plots.FAMILIES["probes_passkey.png"][0])["linear"]
     assert [x for x, _, _ in linear] == [1, 2, 4]  # x ascending; the mean and std over the seeds
     assert np.array([p[1:] for p in linear]) == pytest.approx(np.array([[0.32, 0.01]] * 3))
+
+
+def test_bits_per_byte_is_better_below_stays_out_of_the_composite_and_gets_its_picture(tmp_path):
+    lower = {"corpus@1x", "corpus@2x"}
+    scores = {"gpt2": 2.0, "rope": 1.5, "alibi": 2.5}  # bits per byte, each seed + 0.01 * seed
+    per_seed = [{**r, "metrics": {**r["metrics"], "corpus@1x": scores[r["design"]] + 0.01 * r["seed"],
+                                  "corpus@2x": 2 * scores[r["design"]] + 0.01 * r["seed"]}}
+                for r in rows({"gpt2": 0.5, "rope": 0.5, "alibi": 0.5})]
+    said = []
+    groups = write_reports(tmp_path, "h", per_seed, "gpt2", 0.05, said.append, lower=lower)
+    at = {(g["metric"], g["design"]): g for g in groups}
+    assert at["corpus@1x", "rope"]["verdict"] == "better" and at["corpus@1x", "alibi"]["verdict"] == "worse"
+    assert at["corpus@1x", "rope"]["p_below"] < 1e-6 and at["corpus@1x", "alibi"]["p"] < 1e-6
+    assert at["composite", "rope"]["mean"] == pytest.approx(0.52)  # MQAR's accuracy alone, bits per byte left out
+    text = (tmp_path / "probes.md").read_text()
+    rope = next(line for line in text.splitlines() if line.startswith("| rope |"))
+    assert rope.startswith("| rope | 0.520 ± 0.010 (n.s., p 0.5) | 1.520 ± 0.010 (better, p ")
+    assert (tmp_path / "probes_corpus.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "probes_corpus.png" in said[0]
+    alone = [{**r, "metrics": {m: v for m, v in r["metrics"].items() if m in lower}} for r in per_seed]
+    assert "composite" not in {g["metric"] for g in summarise(alone, "gpt2", 0.05, frozenset(lower))}

@@ -1,20 +1,35 @@
 """The probe tasks: every generator deterministic from its seed, every answer what the task's definition says (read
 back from the sequence itself, and a few checked by hand), and impossible settings refused with the setting named."""
 
+import math
+
 import numpy as np
 import pytest
+import torch
 
-from gpt.errors import ConfigError
+from conftest import write_corpus
+from gpt.data.config import DataConfig
+from gpt.errors import ConfigError, UserError
+from gpt.model import GPT, GPTConfig
+from gpt.probes.corpus import PLACEHOLDER_VOCAB, Corpus, open_corpus
 from gpt.probes.registry import build, task_names
 from gpt.probes.tasks import IGNORE, TaskSettings
 
 SMALL = TaskSettings(seq_len=32, vocab=64, mqar_pairs=[2, 8], small_vocab=8, memory_keys=6, copy_tokens=4,
-                     passkey_digits=3, passkey_lengths=[1, 2], motif=2)
+                     passkey_digits=3, passkey_lengths=[1, 2], corpus_lengths=[1, 2], motif=2)
 
 
-def tasks(**changes):
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """conftest's small text files prepared with characters (the corpus task's data)."""
+    root = tmp_path_factory.mktemp("corpus")
+    return open_corpus(DataConfig(name="text", source="path", path=str(write_corpus(root / "text")),
+                                  root=str(root / "data")))
+
+
+def tasks(data=None, **changes):
     settings = TaskSettings(**{**SMALL.__dict__, **changes})
-    return {t.name: t for t in build(task_names(), settings)}
+    return {t.name: t for t in build(task_names(), settings, data)}
 
 
 def draw(task, seed=3, n=64, length=None):
@@ -22,8 +37,8 @@ def draw(task, seed=3, n=64, length=None):
     return task.sample(np.random.default_rng([seed, 0]), n, length)
 
 
-def test_every_task_is_deterministic_from_its_seed_and_differs_across_seeds():
-    for name, task in tasks().items():
+def test_every_task_is_deterministic_from_its_seed_and_differs_across_seeds(corpus):
+    for name, task in tasks(corpus).items():
         for length in task.metrics().values():
             a, b, c = draw(task, 5, 16, length), draw(task, 5, 16, length), draw(task, 6, 16, length)
             assert a[0].shape == a[1].shape == (16, length), name
@@ -109,6 +124,9 @@ def test_compression_answers_the_sequence_after_the_compression_token():
     (dict(copy_tokens=16), "must exceed twice probes.copy_tokens=16"),
     (dict(passkey_lengths=[0, 2]), "probes.passkey_lengths must be positive"),
     (dict(noise_fraction=1.0), "probes.noise_fraction must be in"),
+    (dict(corpus_lengths=[1, 0]), "probes.corpus_lengths must be positive multiples of probes.seq_len"),
+    (dict(corpus_lengths=[]), "probes.corpus_lengths must be positive multiples"),
+    (dict(corpus_lengths=[2, 2]), "probes.corpus_lengths names a length twice"),
 ])
 def test_impossible_settings_are_refused_naming_the_setting(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -119,3 +137,31 @@ def test_an_unknown_task_lists_the_known_ones():
     with pytest.raises(ConfigError, match="unknown task 'recall'") as err:
         build(["recall"], SMALL)
     assert err.value.hint == "the tasks: " + ", ".join(task_names()) and "in_context_recall" in err.value.hint
+
+
+def test_the_corpus_task_trains_on_the_train_split_and_scores_bits_per_byte_of_the_val_split(corpus):
+    task = tasks(corpus)["corpus"]
+    assert task.metrics() == {"corpus@1x": 32, "corpus@2x": 64} and task.lower_is_better
+    assert task.vocab_size == corpus.tokenizer.vocab_size and tasks()["corpus"].vocab_size == PLACEHOLDER_VOCAB
+    for draw_from, split in ((task.sample, "train"), (task.held_out, "val")):
+        inputs, targets = draw_from(np.random.default_rng(1), 4, 64)
+        text = np.asarray(corpus.splits[split].read(0, len(corpus.splits[split])))
+        for x, y in zip(inputs, targets):  # each window a run of the split's tokens, every next token a target
+            assert np.array_equal(x[1:], y[:-1]) and (y != IGNORE).all()
+            hits = [i for i in range(len(text) - 64) if np.array_equal(text[i:i + 64], x)]
+            assert hits and np.array_equal(text[hits[0] + 1:hits[0] + 65], y)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=task.vocab_size))
+    inputs, targets = task.held_out(np.random.default_rng(2), 5, 64)
+    with torch.no_grad():
+        logits, _ = model(torch.from_numpy(inputs))
+    nats = -torch.log_softmax(logits.double(), -1).gather(-1, torch.from_numpy(targets)[..., None]).sum()
+    size = sum(len(corpus.tokenizer.token_bytes(int(t))) for t in targets.flat)  # ASCII: a byte a character
+    assert size == targets.size
+    assert task.score(model, inputs, targets, torch.device("cpu"), 2) == pytest.approx(float(nats) / math.log(2) / size,
+                                                                                       rel=1e-9)
+
+
+def test_a_corpus_too_short_for_the_longest_length_is_refused(corpus):
+    with pytest.raises(UserError, match=r"split of .* has \d+ tokens, fewer than one corpus window of 16385"):
+        Corpus(TaskSettings(seq_len=2048, corpus_lengths=[1, 8]), corpus)
