@@ -107,7 +107,8 @@ class Trainer:
         self.model_config, init_weights = build.model_config(run, self.data, log)
         self.data.check_block_size(self.model_config.block_size)
         self.passkey = (PasskeyMix(self.train_config.passkey, self.train_config.batch_size,
-                                   self.model_config.block_size, self.data.tokenizer, run.seed)
+                                   self.model_config.block_size, self.data.tokenizer, run.seed,
+                                   self.train_config.passkey_weight)
                         if self.train_config.passkey else None)
         parallelize.check_fsdp(self.train_config, precision, ranks)
         build.check_fits(self.model_config, self.train_config, precision, device, ranks)  # before any allocation
@@ -271,7 +272,7 @@ class Trainer:
         with parallelize.gradient_sync(self.train_model, last):
             try:
                 with self.forward_context:
-                    _, loss = self.train_model(x, y, **kwargs)
+                    logits, loss = self.train_model(x, y, **kwargs)
             except Exception as err:  # a compiler failure on first use: say so once, go eager
                 if not self.compiled_first_step:
                     raise
@@ -280,8 +281,10 @@ class Trainer:
                 self.model = self.state.model
                 self.train_model = build.data_parallel(self.model, self.device, self.ranks)
                 with self.forward_context:
-                    _, loss = self.train_model(x, y, **kwargs)
+                    logits, loss = self.train_model(x, y, **kwargs)
             self.compiled_first_step = False
+            if self.passkey is not None:
+                loss = self.passkey.loss(logits, y, loss)
             self.state.scaler.scale(loss / self.train_config.grad_accum).backward()
         self.read_ahead()  # the device is still busy with this micro-step: read the next one meanwhile
         return loss.detach().float()

@@ -74,11 +74,26 @@ def train(corpus, out: Path, *args: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_a_run_with_passkeys_trains_on_them_and_resumes_to_the_same_weights(corpus, tmp_path):
+def test_the_weighted_loss_is_the_passkey_rows_mean_and_the_text_rows_mean_mixed():
+    torch.manual_seed(0)
+    logits, y = torch.randn(4, 6, 10), torch.randint(0, 10, (4, 6))
+    y[:1, :-2] = IGNORE  # one passkey row (of 4: fraction 0.25), its last 2 targets scored
+    mix = PasskeyMix.__new__(PasskeyMix)
+    mix.rows, mix.weight = 1, 0.3
+    passkey = sum(-torch.log_softmax(logits[0, t].double(), -1)[y[0, t]] for t in (4, 5)) / 2
+    text = sum(-torch.log_softmax(logits[r, t].double(), -1)[y[r, t]] for r in range(1, 4) for t in range(6)) / 18
+    model_loss = torch.tensor(1.0)
+    assert abs(mix.loss(logits, y, model_loss).item() - (0.3 * passkey + 0.7 * text).item()) < 1e-6
+    mix.weight = None
+    assert mix.loss(logits, y, model_loss) is model_loss  # without a weight: the model's own mean, every target alike
+
+
+@pytest.mark.parametrize("weight", [[], ["train.passkey_weight=0.5"]], ids=["tokens", "weighted"])
+def test_a_run_with_passkeys_trains_on_them_and_resumes_to_the_same_weights(corpus, tmp_path, weight):
     train(corpus, tmp_path / "plain", "train.max_iters=4")
-    train(corpus, tmp_path / "straight", "train.max_iters=4", "train.passkey=0.5")
-    train(corpus, tmp_path / "resumed", "train.max_iters=2", "train.passkey=0.5")
-    train(corpus, tmp_path / "resumed", "train.max_iters=4", "train.passkey=0.5", "resume=true")
+    train(corpus, tmp_path / "straight", "train.max_iters=4", "train.passkey=0.5", *weight)
+    train(corpus, tmp_path / "resumed", "train.max_iters=2", "train.passkey=0.5", *weight)
+    train(corpus, tmp_path / "resumed", "train.max_iters=4", "train.passkey=0.5", *weight, "resume=true")
     straight, resumed = final_state(tmp_path / "straight"), final_state(tmp_path / "resumed")
     plain = final_state(tmp_path / "plain")
     assert straight.keys() == resumed.keys()
@@ -90,6 +105,9 @@ def test_a_run_with_passkeys_trains_on_them_and_resumes_to_the_same_weights(corp
 @pytest.mark.parametrize("args, message", [
     (["train.passkey=1"], "train.passkey must be in [0, 1), got 1.0"),
     (["train.passkey=-0.5"], "train.passkey must be in [0, 1), got -0.5"),
+    (["train.passkey=0.5", "train.passkey_weight=1"], "train.passkey_weight must be in (0, 1) or null, got 1.0"),
+    (["train.passkey=0.5", "train.passkey_weight=0"], "train.passkey_weight must be in (0, 1) or null, got 0.0"),
+    (["train.passkey_weight=0.5"], "train.passkey_weight=0.5 is set but train.passkey is 0"),
     (["train.passkey=0.1"], "train.passkey=0.1 gives no passkey row in a micro-batch of train.batch_size=4"),
     (["train.passkey=0.5", "model.block_size=16"], "train.passkey: passkey: the key line twice (30 tokens) does "
                                                    "not fit in length 16"),
