@@ -97,19 +97,30 @@ def passkey_examples(tokenizer: Tokenizer, tokens, length: int, n: int, digits: 
                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``n`` passkey sequences of ``length`` tokens on the split's text, ``key_text`` and the digits at a random
     depth and again at the end: inputs and targets (the final digits; IGNORE elsewhere)."""
+    starts = rng.integers(0, len(tokens) - length - 1, size=n)
+    filler = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64) for s in starts])
+    return draw_passkey(filler, *passkey_tokens(tokenizer, length, digits, key_text), digits, rng)
+
+
+def passkey_tokens(tokenizer: Tokenizer, length: int, digits: int, key_text: str) -> tuple[np.ndarray, np.ndarray]:
+    """The key line's tokens and the ten digits' (one token each), checked to fit twice in ``length`` tokens."""
     key = tokenizer.encode(key_text)
     digit_ids = [tokenizer.encode(str(d)) for d in range(10)]
     if any(len(ids) != 1 for ids in digit_ids):
         raise UserError("the tokenizer does not write each digit 0-9 as one token, which the passkey needs")
-    room = length + 1 - 2 * (len(key) + digits)
-    if room < 1:
+    if length + 1 - 2 * (len(key) + digits) < 1:
         raise ConfigError(f"passkey: the key line twice ({2 * (len(key) + digits)} tokens) does not fit in length "
                           f"{length}", hint=f"lengths above {2 * (len(key) + digits)}")
-    starts = rng.integers(0, len(tokens) - length - 1, size=n)
-    filler = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64) for s in starts])
-    drawn = np.array(digit_ids, dtype=np.int64)[rng.integers(0, 10, size=(n, digits)), 0]
-    depth = rng.integers(0, room, size=n)
-    return place_passkey(filler, np.array(key), np.array(key), drawn, depth)
+    return np.array(key, dtype=np.int64), np.array(digit_ids, dtype=np.int64)[:, 0]
+
+
+def draw_passkey(filler: np.ndarray, key: np.ndarray, digit_ids: np.ndarray, digits: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Passkey sequences on (n, L + 1) ``filler`` (changed in place): random digits at a random depth (``rng``)."""
+    n = len(filler)
+    drawn = digit_ids[rng.integers(0, 10, size=(n, digits))]
+    depth = rng.integers(0, filler.shape[1] - 2 * (len(key) + digits), size=n)
+    return place_passkey(filler, key, key, drawn, depth)
 
 
 @torch.no_grad()

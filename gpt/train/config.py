@@ -55,6 +55,8 @@ class TrainConfig:
     fsdp: bool = False  # under torchrun: shard weights, gradients and AdamW state over the processes (FSDP2)
     max_seconds: Optional[float] = None  # wall-clock budget of this launch: then evaluate, save and finish early
     keep_checkpoints: bool = False  # keep every evaluation's checkpoint in out_dir/checkpoints/ (for decay_from)
+    passkey: float = 0.0  # fraction of each micro-batch's rows that are passkey sequences (gpt/train/passkey_mix.py)
+    passkey_weight: Optional[float] = None  # their loss's share of the step's (null: each digit counts as one token)
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
@@ -66,6 +68,12 @@ class TrainConfig:
         for name in ("learning_rate", "muon_lr"):
             self._check(name, lambda v: math.isfinite(v) and v > 0, "positive")
         self._check("decay_frac", lambda v: 0 < v <= 1, "in (0, 1]")
+        self._check("passkey", lambda v: not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)")
+        self._check("passkey_weight", lambda v: v is None or (not isinstance(v, bool) and 0 < v < 1),
+                    "in (0, 1) or null")
+        if self.passkey_weight is not None and not self.passkey:
+            raise ConfigError(f"train.passkey_weight={self.passkey_weight} is set but train.passkey is 0",
+                              hint="set train.passkey (the fraction of passkey rows), or drop train.passkey_weight")
         self._check("muon_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
         self._check("min_lr", lambda v: v is None or 0 <= v <= self.learning_rate, "in [0, train.learning_rate]")
         self._check("lr_decay_iters", lambda v: v is None or v > 0, "positive or null")
@@ -143,6 +151,9 @@ class RunConfig(ScriptConfig):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} is empty", hint=f"give {name}=<a path or name>, or leave it out (null)")
         output_path(self.out_dir, "out_dir", folder=True)  # never the current folder, never below a file
+        if self.train.passkey and self.chat.data is not None:
+            raise ConfigError("train.passkey mixes passkey sequences into the corpus's windows; chat.data has none",
+                              hint="train.passkey=0 with chat.data")
         if self.decay_from is not None and self.init_from is not None:
             raise ConfigError("decay_from and init_from cannot be combined: decay_from continues a run's whole "
                               "training state", hint="drop init_from")

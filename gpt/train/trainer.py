@@ -25,6 +25,7 @@ from gpt.train.config import RunConfig
 from gpt.train.distributed import AbortRun, Ranks
 from gpt.train.evaluate import estimate_loss, val_metrics
 from gpt.train.optim import learning_rate, set_learning_rate
+from gpt.train.passkey_mix import PasskeyMix
 from gpt.train.records import RunRecords, Summary
 from gpt.train.resume import decay_command, open_run_dir, resume_command
 from gpt.train.signals import SignalGuard
@@ -105,6 +106,10 @@ class Trainer:
         self.data = build.load_data(run, ranks, log)
         self.model_config, init_weights = build.model_config(run, self.data, log)
         self.data.check_block_size(self.model_config.block_size)
+        self.passkey = (PasskeyMix(self.train_config.passkey, self.train_config.batch_size,
+                                   self.model_config.block_size, self.data.tokenizer, run.seed,
+                                   self.train_config.passkey_weight)
+                        if self.train_config.passkey else None)
         parallelize.check_fsdp(self.train_config, precision, ranks)
         build.check_fits(self.model_config, self.train_config, precision, device, ranks)  # before any allocation
         self.forward_context = build.forward_context(self.model_config, device, precision)  # autocast, SDPA backends
@@ -267,7 +272,7 @@ class Trainer:
         with parallelize.gradient_sync(self.train_model, last):
             try:
                 with self.forward_context:
-                    _, loss = self.train_model(x, y, **kwargs)
+                    logits, loss = self.train_model(x, y, **kwargs)
             except Exception as err:  # a compiler failure on first use: say so once, go eager
                 if not self.compiled_first_step:
                     raise
@@ -276,8 +281,10 @@ class Trainer:
                 self.model = self.state.model
                 self.train_model = build.data_parallel(self.model, self.device, self.ranks)
                 with self.forward_context:
-                    _, loss = self.train_model(x, y, **kwargs)
+                    logits, loss = self.train_model(x, y, **kwargs)
             self.compiled_first_step = False
+            if self.passkey is not None:
+                loss = self.passkey.loss(logits, y, loss)
             self.state.scaler.scale(loss / self.train_config.grad_accum).backward()
         self.read_ahead()  # the device is still busy with this micro-step: read the next one meanwhile
         return loss.detach().float()
@@ -288,7 +295,14 @@ class Trainer:
         ahead, self.ahead = self.ahead, None
         if ahead is not None and ahead[0] is starts:
             return ahead[1]
-        return self.data.windows("train", starts, self.model_config.block_size, self.device)
+        return self.read(starts)
+
+    def read(self, starts: list[int]) -> tuple:
+        """The training windows at ``starts``, their first rows passkey sequences with train.passkey."""
+        batch = self.data.windows("train", starts, self.model_config.block_size, self.device)
+        if self.passkey is not None:
+            self.passkey.apply(*batch[:2], self.data.splits["train"], starts)
+        return batch
 
     def read_ahead(self) -> None:
         """Draw and read the next micro-batch now, its copy to a GPU started (pinned memory, non-blocking): the
@@ -297,7 +311,7 @@ class Trainer:
         change."""
         if self.ahead is None:
             starts = self.state.sampler.ahead()
-            self.ahead = (starts, self.data.windows("train", starts, self.model_config.block_size, self.device))
+            self.ahead = (starts, self.read(starts))
 
     def time_is_up(self) -> bool:
         """Whether train.max_seconds (counted from this launch's start) has passed."""
