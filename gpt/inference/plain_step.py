@@ -67,9 +67,9 @@ def _norm(module: nn.Module) -> Callable[[Tensor], Tensor]:
 
 
 def _linear(module: nn.Linear, vector: bool) -> Callable[[Tensor], Tensor]:
-    """F.linear with the weights bound; for one row (a vector) torch.addmv: the same sums (MKL multiplies a one-row
-    matrix as a vector; equal bit for bit on torch 2.13 to 2.15 here) without addmm's wrapping, 4 to 6 us less a
-    call for the default model's matrices on this CPU (docs/benchmarks.md)."""
+    """F.linear with the weights bound; for one row (a vector, fp32 only) torch.addmv: the same sums (MKL multiplies
+    a one-row fp32 matrix as a vector; equal bit for bit on torch 2.13 to 2.15 here) without addmm's wrapping, 4 to 6
+    us less a call for the default model's matrices on this CPU. In bf16 addmv is slower and sums otherwise."""
     weight, bias = module.weight, module.bias
     if not vector:
         return partial(F.linear, weight=weight, bias=bias)
@@ -90,7 +90,9 @@ class PlainStep:
 
     def __init__(self, model: GPT, fallback) -> None:
         self.model, self.fallback = model, fallback
-        self.rows = {True: _layers(model, True), False: _layers(model, False)}  # one row (vectors), or several
+        # one row of fp32 as vectors (matrix-vector products), else rows (B, C)
+        self.vectors = model.lm_head.weight.dtype == torch.float32
+        self.rows = {True: _layers(model, True), False: _layers(model, False)}
         self.final = {vector: (_norm(model.transformer.ln_f), _linear(model.lm_head, vector)) for vector in self.rows}
         c = model.config
         self.heads, self.kv_heads, self.head_dim = c.n_head, c.n_kv_head, c.head_dim
@@ -117,11 +119,12 @@ class PlainStep:
         slots.key_mask.select(1, start).fill_(True)
         slots.pos.fill_(start + 1)
         B = token.size(0)
-        index = token.view(B) if B > 1 else token.view(())  # one row is a vector: matrix-vector products
-        x = torch.embedding(self.wte, index) + torch.embedding(self.wpe, positions.view(index.shape))  # (B, C) or (C,)
-        for layer, kv in zip(self.rows[B == 1], cache.layers):
+        vector = B == 1 and self.vectors
+        index = token.view(()) if vector else token.view(B)
+        x = torch.embedding(self.wte, index) + torch.embedding(self.wpe, positions.view(index.shape))  # (C,) or (B, C)
+        for layer, kv in zip(self.rows[vector], cache.layers):
             x = self._block(layer, kv, x, start)
-        norm, head = self.final[B == 1]
+        norm, head = self.final[vector]
         return head(norm(x)).view(B, -1)
 
     def _block(self, layer: _Layer, kv: LayerKV, x: Tensor, start: int) -> Tensor:

@@ -19,12 +19,14 @@ PLAIN = {
     "attention only": {"mlp": False},
     "untied head, relu2": {"tie_head": False, "activation": "relu2"},
     "gpt2 width": {"n_layer": 1, "n_embd": 768, "n_head": 12, "vocab_size": 300},
+    "bf16": {"dtype": torch.bfloat16},
+    "float64": {"dtype": torch.float64},
 }
 
 
-def model_of(**options) -> GPT:
+def model_of(dtype: torch.dtype = torch.float32, **options) -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**BASE, **options})).eval()
+    model = GPT(GPTConfig(**{**BASE, **options})).to(dtype).eval()
     gemv_layout(model)  # as the generate command stores the weights
     return model
 
