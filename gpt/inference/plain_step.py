@@ -68,8 +68,9 @@ def _norm(module: nn.Module) -> Callable[[Tensor], Tensor]:
 
 def _linear(module: nn.Linear, vector: bool) -> Callable[[Tensor], Tensor]:
     """F.linear with the weights bound; for one row (a vector, fp32 only) torch.addmv: the same sums (MKL multiplies
-    a one-row fp32 matrix as a vector; equal bit for bit on torch 2.13 to 2.15 here) without addmm's wrapping, 4 to 6
-    us less a call for the default model's matrices on this CPU. In bf16 addmv is slower and sums otherwise."""
+    a one-row fp32 matrix as a vector; equal bit for bit on torch 2.13 to 2.15 here) without addmm's wrapping, 3 to 5
+    us less a call for the default model's matrices on this CPU. In bf16 addmv was no faster (0.9x to 2x F.linear's
+    time) and sums otherwise (docs/benchmarks.md)."""
     weight, bias = module.weight, module.bias
     if not vector:
         return partial(F.linear, weight=weight, bias=bias)
