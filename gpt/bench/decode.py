@@ -103,7 +103,7 @@ def decode_ways(cfg: BenchDecodeConfig, device: torch.device) -> dict[str, tuple
     """Each way of decoding: (whether it keeps a cache, its step). Eager: cached steps (a model without designs as
     straight calls, gpt.inference.plain_step) and recomputation; compile=true adds the cached step compiled
     (compiled_decode_step). Recomputation is eager only: torch.compile(model, dynamic=True) broke the forward into 9
-    graphs and, warm, recomputed 3x slower than eager (docs/benchmarks.md)."""
+    graphs and, warm, recomputed about 3x slower than eager (docs/benchmarks.md)."""
     ways = {"KV cache": (True, decode_step), "recompute": (False, decode_step)}
     if cfg.compile:
         ways["KV cache, compiled"] = (True, compile_step(device))
