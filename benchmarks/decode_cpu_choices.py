@@ -4,8 +4,10 @@
                                                     nn.Linear's (out, in) and as (in, out): gpt.inference.weight_layout
   python benchmarks/decode_cpu_choices.py threads   the default model's cached decoding at 2 threads with its steps on
                                                     both threads and on one (gpt.inference.decoding.step_threads)
+  python benchmarks/decode_cpu_choices.py plain     the default model's one-token steps through its modules
+                                                    (decode_step) and as straight calls (gpt.inference.plain_step)
 
-Each takes turns in every round (a shared machine's load falls on all alike); 1 thread for gemv.
+Each takes turns in every round (a shared machine's load falls on all alike); 1 thread for gemv and plain.
 """
 
 from __future__ import annotations
@@ -80,5 +82,43 @@ def threads(rounds: int = 3, n: int = 200) -> None:
         print("; ".join(row))
 
 
+def plain(rounds: int = 7) -> None:
+    """Microseconds per one-token step of the default model, 1 thread, from 1 to 127 cached tokens: the general
+    step (the model's modules) and PlainStep, each on its own cache after the same prefill; their logits must be
+    equal at every step."""
+    from gpt import GPT
+    from gpt.inference.decoding import decode_step, prefill
+    from gpt.inference.plain_step import plain_step
+    from gpt.inference.weight_layout import gemv_layout
+    from gpt.model.config import GPTConfig
+    from gpt.model.kv_cache import KVCache
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256)).eval()
+    gemv_layout(model)
+    ways = {"modules (decode_step)": decode_step, "straight calls (PlainStep)": plain_step(model, decode_step)}
+
+    @torch.no_grad()
+    def steps(step) -> tuple[float, list[torch.Tensor]]:
+        cache, token = KVCache(model.config, 1, "cpu"), torch.zeros(1, 1, dtype=torch.long)
+        positions = torch.zeros(1, 1, dtype=torch.long)
+        prefill(model, token, positions, None, cache)
+        logits, start = [], time.perf_counter()
+        for _ in range(model.config.block_size - 1):
+            positions = positions + 1
+            logits.append(step(model, token, positions, cache))
+            token = logits[-1].argmax(-1, keepdim=True)
+        return (time.perf_counter() - start) / (model.config.block_size - 1), logits
+
+    print("default model (4 x 128), one-token steps after 1 cached token to 127, 1 thread; us per step per round")
+    for _ in range(rounds):
+        each = {name: steps(step) for name, step in ways.items()}
+        same = all(map(torch.equal, *(logits for _, logits in each.values())))
+        (a, _), (b, _) = each.values()
+        print("; ".join(f"{name} {s * 1e6:,.0f}" for name, (s, _) in each.items())
+              + f"; ratio {a / b:.2f}x; logits {'equal' if same else 'DIFFER'}")
+
+
 if __name__ == "__main__":
-    {"gemv": gemv, "threads": threads}[sys.argv[1]]()
+    {"gemv": gemv, "threads": threads, "plain": plain}[sys.argv[1]]()

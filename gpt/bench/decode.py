@@ -1,8 +1,11 @@
-"""Decode speed: prefill and per-token decode, with the KV cache (eager, and compiled) and with full recomputation.
+"""Decode speed: prefill and per-token decode, with the KV cache (eager, and with compile=true compiled) and with
+full recomputation (eager).
 
 The ways of decoding run interleaved, one after the other in every repeat, so that a shared machine's load falls on
-all of them alike; each speed-up is the median of the repeats' own ratios. A compiled step's compilation is timed
-apart and reported with the number of tokens it takes to pay for itself. Against transformers: gpt.bench.decode_hf.
+all of them alike; each speed-up is the median of the repeats' own ratios, its column naming what it divides: the
+eager cache over eager recomputation (like with like), and the compiled step over the same eager recomputation. The
+compiled step's compilation is timed apart and reported with the number of tokens it takes to pay for itself.
+Against transformers: gpt.bench.decode_hf.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class BenchDecodeConfig(ScriptConfig):
     compile: bool = False  # also time the cached step compiled once (gpt.inference.decoding.compiled_decode_step)
     transformers: bool = False  # also GPT-2 124M against transformers' generate (gpt.bench.decode_hf)
     hf_new_tokens: int = 100  # new tokens of the transformers comparison (after a 16-token prompt)
+    hf_bf16: bool = False  # also both sides in bfloat16, a table of its own (gpt.bench.decode_hf.bf16_table)
     contexts: list[int] = field(default_factory=list)  # also: ms per decoded token with this many tokens cached
     context_steps: int = 64  # decoding steps timed at each of those contexts
 
@@ -84,7 +88,8 @@ def run(cfg: BenchDecodeConfig) -> str:
     header = (
         f"decode benchmark: {source}, {model.num_params() / 1e6:.2f}M parameters, block_size {mc.block_size}, "
         f"attention={mc.attention}, device {describe_device(device, cfg.threads)}, torch {torch.__version__}, "
-        f"batch {cfg.batch_size}, {cfg.new_tokens} new tokens, {cfg.repeats} interleaved repeats (median)"
+        f"batch {cfg.batch_size}, {cfg.new_tokens} new tokens, {cfg.repeats} interleaved repeats (median); every way "
+        f"eager but those named compiled"
     )
     out = [header, "", decode_table(cfg, model, device)]
     if cfg.contexts:
@@ -94,44 +99,64 @@ def run(cfg: BenchDecodeConfig) -> str:
     return "\n".join(out)
 
 
+def decode_ways(cfg: BenchDecodeConfig, device: torch.device) -> dict[str, tuple[bool, object]]:
+    """Each way of decoding: (whether it keeps a cache, its step). Eager: cached steps (a model without designs as
+    straight calls, gpt.inference.plain_step) and recomputation; compile=true adds the cached step compiled
+    (compiled_decode_step). Recomputation is eager only: torch.compile(model, dynamic=True) broke the forward into 9
+    graphs and, warm, recomputed about 3x slower than eager (docs/benchmarks.md)."""
+    ways = {"KV cache": (True, decode_step), "recompute": (False, decode_step)}
+    if cfg.compile:
+        ways["KV cache, compiled"] = (True, compile_step(device))
+    return ways
+
+
+PAIRS = {"KV cache over recompute, both eager": ("recompute", "KV cache"),
+         "compiled KV cache over eager recompute": ("recompute", "KV cache, compiled")}
+
+
 def decode_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> str:
-    """One row per prompt length: prefill, tokens/s of each way of decoding, speed-ups, whether the tokens agree."""
+    """One row per prompt length: prefill, tokens/s of each way of decoding, the cache's speed-up over recomputation
+    (eager over eager; the compiled step's over the same eager recomputation, labelled so), whether every way gave
+    the same tokens."""
     mc = model.config
-    ways = {"KV cache": (True, decode_step), **({"KV cache, compiled": (True, compile_step(device))}
-                                                 if cfg.compile else {}), "recompute": (False, decode_step)}
-    rows, compiled_notes = [], []
+    ways = decode_ways(cfg, device)
+    pairs = {kind: pair for kind, pair in PAIRS.items() if pair[1] in ways}
+    rows, firsts, note = [], {}, ""
     for prompt_len in cfg.prompt_lens:
         prompt = torch.randint(0, mc.vocab_size, (cfg.batch_size, min(prompt_len, mc.block_size)), device=device)
         with torch.no_grad():
             prefill = median_seconds(partial(model, prompt), device, cfg.repeats)
         fns = {name: partial(generate, model, prompt, cfg.new_tokens, temperature=0.0, kv_cache=kv, step=step)
                for name, (kv, step) in ways.items()}
-        tokens = {name: fn() for name, fn in fns.items() if name != "KV cache, compiled"}
-        if cfg.compile:
-            first = first_call_seconds(fns["KV cache, compiled"], device)  # compiles at the first prompt only
-            tokens["KV cache, compiled"] = fns["KV cache, compiled"]()
+        for name in (n for n in fns if "compiled" in n and n not in firsts):  # compiles at the first prompt only
+            firsts[name] = (first_call_seconds(fns[name], device), prompt.size(1))
+        tokens = {name: fn() for name, fn in fns.items()}
         times = interleaved(fns, device, cfg.repeats)
         speed = {name: cfg.new_tokens * cfg.batch_size / statistics.median(t) for name, t in times.items()}
         same = all(torch.equal(t, tokens["recompute"]) for t in tokens.values())
-        if cfg.compile and not compiled_notes:
-            compiled, eager = statistics.median(times["KV cache, compiled"]), statistics.median(times["KV cache"])
-            saved = (eager - compiled) / (cfg.new_tokens * cfg.batch_size)
-            pays = f"{(first - compiled) / saved:,.0f} tokens" if saved > 0 else "never (not faster)"
-            compiled_notes.append(f"compiled: the first call (compilation and one decode of {cfg.new_tokens} tokens "
-                                  f"after {prompt.size(1)}) took {first:.1f} s; the compiled step is "
-                                  f"{ratio(times, 'KV cache', 'KV cache, compiled'):.2f}x as fast as the eager one "
-                                  f"here, so its compilation pays for itself after {pays}")
         rows.append([prompt.size(1), f"{prefill * 1e3:.1f}", f"{prompt.numel() / prefill:,.0f}",
                      *(f"{speed[name]:,.0f}" for name in ways),
-                     *(ratio_spread(times, "recompute", name, 1) for name in ways if name != "recompute"),
-                     "yes" if same else "NO"])
+                     *(ratio_spread(times, slow, fast, 1) for slow, fast in pairs.values()), "yes" if same else "NO"])
+        if cfg.compile and len(rows) == 1:
+            note = "\n\n" + _compiled_note(cfg, times, firsts)
     table = markdown_table(
         ["prompt tokens", "prefill ms", "prefill tok/s", *(f"decode tok/s ({name})" for name in ways),
-         *(f"speed-up ({name}; lowest-highest repeat)" for name in ways if name != "recompute"),
+         *(f"speed-up: {kind} (lowest-highest repeat)" for kind in pairs),
          "same tokens"],
         rows,
     )
-    return table + "".join(f"\n\n{note}" for note in compiled_notes)
+    return table + note
+
+
+def _compiled_note(cfg: BenchDecodeConfig, times: dict[str, list[float]], firsts: dict[str, tuple[float, int]]) -> str:
+    """What compiling cost (the compiled step's first call) and when it pays for itself."""
+    compiled, eager = statistics.median(times["KV cache, compiled"]), statistics.median(times["KV cache"])
+    saved = (eager - compiled) / (cfg.new_tokens * cfg.batch_size)
+    first, prompt_len = firsts["KV cache, compiled"]
+    pays = f"{(first - compiled) / saved:,.0f} tokens" if saved > 0 else "never (not faster)"
+    return (f"compiled: the first call (compilation and one decode of {cfg.new_tokens} tokens after {prompt_len}) "
+            f"took {first:.1f} s; the compiled step is {ratio(times, 'KV cache', 'KV cache, compiled'):.2f}x as fast "
+            f"as the eager one here, so its compilation pays for itself after {pays}")
 
 
 def context_table(cfg: BenchDecodeConfig, model: GPT, device: torch.device) -> str:

@@ -55,14 +55,52 @@ def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> 
     name = "GPT-2 124M shape" if shape == GPT2_124M else f"{shape['n_layer']} layers of {shape['n_embd']}"
     head = (f"against transformers {_version()}: {name} ({model.num_params() / 1e6:.1f}M parameters), "
             f"random weights in both, fp32, greedy, batch 1, 16-token prompt, {n} new tokens")
-    floor = statistics.median(times[FLOOR]) / n
+    floor, size = statistics.median(times[FLOOR]) / n, weights.numel() * 4
+    del weights  # 495 MB for GPT-2: freed before the bf16 table's copies
     return (head + "\n\n" + markdown_table(["decoder", "ms per token", "speed vs transformers (lowest-highest repeat)",
                                          "same tokens"], rows)
-            + note + f"\n\n{FLOOR}: a step reads all {weights.numel() * 4 / 1e6:,.0f} MB of fp32 weights (the tied "
+            + note + f"\n\n{FLOOR}: a step reads all {size / 1e6:,.0f} MB of fp32 weights (the tied "
             f"head once); torch.sum over that many bytes took {floor * 1e3:.1f} ms here "
-            f"({weights.numel() * 4 / floor / 1e9:.1f} GB/s), so no fp32 decoder of this model takes less a token on "
+            f"({size / floor / 1e9:.1f} GB/s), so no fp32 decoder of this model takes less a token on "
             f"this machine at these threads: at most {ratio(times, 'transformers generate', FLOOR):.2f}x "
-            f"transformers")
+            f"transformers"
+            + (bf16_table(cfg, model, twin, prompt, tokens["transformers generate"]) if cfg.hf_bf16 else ""))
+
+
+def bf16_table(cfg, model: GPT, twin, prompt: torch.Tensor, fp32_tokens: list[int]) -> str:
+    """The same greedy decoding with both sides' weights in bfloat16 (a table of its own: bf16 is only ever compared
+    with bf16): ms per token, the ratio to transformers' bf16 generate, whether the tokens agree with transformers'
+    bf16 ones and with the fp32 ones, and bf16's memory floor (half the bytes)."""
+    n = cfg.hf_new_tokens
+    ours = copy.deepcopy(model).to(torch.bfloat16)
+    gemv_layout(ours)
+    theirs = copy.deepcopy(twin).to(torch.bfloat16)
+    weights = torch.ones(model.num_params(), device=prompt.device, dtype=torch.bfloat16)
+    fns = {"ours, KV cache, bf16": partial(ours_greedy, ours, prompt, n),
+           "transformers generate, bf16": partial(hf_greedy, theirs, prompt, n)}
+    tokens = {name: fn() for name, fn in fns.items()}
+    fns[FLOOR + ", bf16"] = partial(read_weights, weights, n)
+    times = interleaved(fns, prompt.device, cfg.repeats)
+    base = "transformers generate, bf16"
+
+    def agree(name: str, other: list[int]) -> str:
+        if name not in tokens:
+            return "-"
+        mine = tokens[name]
+        first = next((i for i, (a, b) in enumerate(zip(mine, other)) if a != b), None)
+        return "yes" if first is None else f"NO (from token {first + 1})"
+
+    rows = [[name, f"{statistics.median(times[name]) / n * 1e3:.1f}",
+             "1.00x" if name == base else ratio_spread(times, base, name), agree(name, tokens[base]),
+             agree(name, fp32_tokens)] for name in fns]
+    floor = statistics.median(times[FLOOR + ", bf16"]) / n
+    return (f"\n\nbf16 on both sides (torch.bfloat16 weights and activations; not comparable with the fp32 table "
+            f"above): the same prompt, {n} new tokens, greedy\n\n"
+            + markdown_table(["decoder", "ms per token", "speed vs transformers bf16 (lowest-highest repeat)",
+                              "same tokens as transformers bf16", "same tokens as fp32"], rows)
+            + f"\n\n{FLOOR}, bf16: {weights.numel() * 2 / 1e6:,.0f} MB read in {floor * 1e3:.1f} ms "
+            f"({weights.numel() * 2 / floor / 1e9:.1f} GB/s): at most {ratio(times, base, FLOOR + ', bf16'):.2f}x "
+            f"transformers' bf16")
 
 
 def read_weights(weights: torch.Tensor, n: int) -> None:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gpt.errors import ConfigError
+from gpt.inference.plain_step import plain_step
 from gpt.kernels.backends import compute_dtype, pin_for
 from gpt.model import GPT
 from gpt.model import kv_cache as kv
@@ -147,7 +148,8 @@ def stream(
     With kv_cache the context is prefilled once and each step then feeds
     one token per row; after a slide the cache is rebuilt. Stops once every row produced stop_token.
     vocab_limit: only ids below it are sampled (a vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
-    step: the decoding step (decode_step, or compiled_decode_step()).
+    step: the decoding step (decode_step, or compiled_decode_step()). decode_step runs a model without designs as
+    straight tensor calls with the same logits (gpt.inference.plain_step).
     """
     check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
@@ -163,6 +165,9 @@ def stream(
                          compute_dtype(device, next(model.parameters()).dtype), decoding=True)
     endless = kv.endless(model.config)  # a window's ring runs past block_size without sliding
     threads = step_threads(model, len(rows))
+    eager = step is decode_step  # the general eager step, or GPT-2's layers as straight calls (plain_step): no guards
+    if eager and kv_cache:
+        step = plain_step(model, decode_step) or decode_step
     for _ in range(max_new_tokens):
         slid = not endless and slide(rows, starts, model.config.block_size)
         if cache is None or slid:  # prefill (every step without a cache: recompute the context)
@@ -172,7 +177,7 @@ def stream(
             checked = False
         else:  # decode: one new token per row against the cached keys
             positions = positions[:, -1:] + 1
-            with decode_pin, threads, steady(step) if checked else contextlib.nullcontext():
+            with decode_pin, threads, steady(step) if checked and not eager else contextlib.nullcontext():
                 logits = step(model, next_token, positions, cache)
             checked = True
         next_token = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # (B, 1)

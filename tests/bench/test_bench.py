@@ -172,6 +172,8 @@ def test_bench_decode_interleaves_cache_and_recompute_and_checks_their_tokens():
     assert "1 threads" in out and "2 interleaved repeats" in out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 8 |")]
     assert len(rows) == 2
+    assert "speed-up: KV cache over recompute, both eager (lowest-highest repeat)" in out
+    assert "every way eager but those named compiled" in out
     for row in rows:  # prompt, prefill ms, prefill tok/s, cache tok/s, recompute tok/s, speed-up, same tokens
         median, spread = row[5].split("x (")  # "3.9x (3.1-4.4)": the median and the repeats' lowest and highest
         low, high = map(float, spread.rstrip(")").split("-"))
@@ -193,6 +195,13 @@ def test_bench_decode_against_transformers_runs_both_on_the_same_weights(monkeyp
     assert all(row[3] == "yes |" for row in rows.values())  # greedy tokens equal transformers', in either storage
     assert floor[3] == "- |"  # the memory's floor: no tokens of its own
     assert "torch.sum over that many bytes took" in table
+    bf16 = decode_hf.against_transformers(decode_config("repeats=1", "hf_new_tokens=6", "hf_bf16=true"),
+                                          torch.device("cpu"), tiny).split("bf16 on both sides")[1]
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in bf16.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"decoder", "---", "ours, KV cache, bf16", "transformers generate, bf16",
+                         decode_hf.FLOOR + ", bf16"}
+    assert rows["ours, KV cache, bf16"][3] == "yes" and rows["transformers generate, bf16"][2] == "1.00x"
+    assert "not comparable with the fp32 table" in bf16 and "MB read in" in bf16
     monkeypatch.setattr(decode_hf, "hf_twin", lambda model: None)
     assert "skipped (transformers is not installed" in decode_hf.against_transformers(cfg, torch.device("cpu"), tiny)
 
