@@ -100,27 +100,28 @@ def patching(model, tokenizer, cfg):
 
 
 def ablation(model, tokenizer, cfg):
-    """With ablate=[...]: those heads zeroed together; without: each head alone. Loss on repeated random tokens'
-    second repeat and on the prompt."""
+    """With ablate=[...]: those heads ablated together; without: each head alone (zeroed, or with ablate_with=mean
+    their mean output). Loss on repeated random tokens' second repeat and on the prompt."""
     pool = token_pool(tokenizer, model.config.vocab_size)
     length = roles.repeat_length(model, cfg.repeat, pool)
     tokens = roles.repeated_tokens(pool, length, cfg.batch, cfg.seed)
-    chosen = parse_heads(cfg.ablate)
+    chosen, how = parse_heads(cfg.ablate), cfg.ablate_with
     roles.check_heads(model, chosen)
     prompt = prompt_tokens(tokenizer, cfg.prompt)
     if chosen:
         base = roles.second_repeat_loss(model, tokens, length)
         result = {"heads": cfg.ablate, "loss_second_repeat": base,
-                  "loss_second_repeat_ablated": roles.second_repeat_loss(model, tokens, length, chosen),
+                  "loss_second_repeat_ablated": roles.second_repeat_loss(model, tokens, length, chosen, how),
                   "loss_prompt": float(roles.token_losses(model, prompt).mean()),
-                  "loss_prompt_ablated": float(roles.token_losses(model, prompt, chosen).mean())}
+                  "loss_prompt_ablated": float(roles.token_losses(model, prompt, chosen, how).mean()),
+                  "ablate_with": how}
         values = torch.zeros(model.config.n_layer, model.config.n_head)
         for layer, head in chosen:
             values[layer, head] = 1.0
         return result, grids([("heads ablated together", values)])
-    second = roles.ablation_effects(model, tokens, length)
-    on_prompt = roles.ablation_effects(model, prompt)
-    return ({"second_repeat_loss_increase": second, "prompt_loss_increase": on_prompt},
+    second = roles.ablation_effects(model, tokens, length, how)
+    on_prompt = roles.ablation_effects(model, prompt, how=how)
+    return ({"second_repeat_loss_increase": second, "prompt_loss_increase": on_prompt, "ablate_with": how},
             grids([("loss increase, second repeat", second), ("loss increase, prompt", on_prompt)]))
 
 

@@ -14,6 +14,7 @@ from gpt.device import DeviceConfig
 from gpt.errors import ConfigError, UserError
 from gpt.files import atomic_write_all, output_path
 from gpt.interpret.heads import parse_heads
+from gpt.interpret.hooks import ABLATIONS
 from gpt.model.config import MISSING, ScriptConfig
 
 ANALYSES = ("heads", "lens", "attribution", "patching", "ablation", "curve")
@@ -29,6 +30,7 @@ class InterpretConfig(ScriptConfig):
     prompt: str = "def main():\n    return main()"  # lens, attribution, patching (clean); \n and \t unescaped
     corrupted: Optional[str] = None  # patching: the corrupted prompt, as many tokens as prompt
     ablate: list[str] = field(default_factory=list)  # ablation: heads as L{layer}H{head}; empty: each head alone
+    ablate_with: str = "zero"  # ablation: zero (the head's output zeroed) | mean (its mean over batch and positions)
     repeat: Optional[int] = None  # heads/ablation: the repeated half's length (None: half the context)
     batch: int = 16  # heads/ablation: sequences of repeated random tokens
     seed: int = 0
@@ -41,6 +43,8 @@ class InterpretConfig(ScriptConfig):
         if self.batch < 1:
             raise ConfigError(f"batch must be >= 1, got {self.batch}")
         parse_heads(self.ablate)
+        if self.ablate_with not in ABLATIONS:
+            raise ConfigError(f"ablate_with={self.ablate_with} is not one of {', '.join(ABLATIONS)}")
         output_path(self.out, "out", folder=True)
 
 

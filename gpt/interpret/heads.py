@@ -108,26 +108,28 @@ def detect(model: nn.Module, length: int | None = None, batch: int = 16, seed: i
     return {role: torch.stack([scores[role] for scores in per_layer]) for role in ROLES}
 
 
-def token_losses(model: nn.Module, tokens: Tensor, ablate: list[tuple[int, int]] = ()) -> Tensor:
-    """Cross-entropy (B, T - 1) of each next token, with the heads in ``ablate`` (layer, head) zeroed."""
+def token_losses(model: nn.Module, tokens: Tensor, ablate: list[tuple[int, int]] = (), how: str = "zero") -> Tensor:
+    """Cross-entropy (B, T - 1) of each next token, with the heads in ``ablate`` (layer, head) ablated ``how``
+    (zeroed, or their mean over the batch and positions: hooks.ablate_heads)."""
     tokens = check_tokens(model, tokens, targets=True)
     check_heads(model, ablate)
-    with evaluating(model), hooks(model, ablate_heads(list(ablate)) if ablate else []), torch.no_grad():
+    with evaluating(model), hooks(model, ablate_heads(list(ablate), how) if ablate else []), torch.no_grad():
         logits, _ = model(tokens[:, :-1])
     return F.cross_entropy(logits.transpose(1, 2).to(torch.promote_types(logits.dtype, torch.float32)), tokens[:, 1:],
                            reduction="none")
 
 
-def second_repeat_loss(model: nn.Module, tokens: Tensor, length: int, ablate: list[tuple[int, int]] = ()) -> float:
+def second_repeat_loss(model: nn.Module, tokens: Tensor, length: int, ablate: list[tuple[int, int]] = (),
+                       how: str = "zero") -> float:
     """Mean loss on the tokens of the second repeat that an earlier occurrence predicts (all but its first)."""
-    return float(token_losses(model, tokens, ablate)[:, length:].mean())
+    return float(token_losses(model, tokens, ablate, how)[:, length:].mean())
 
 
-def ablation_effects(model: nn.Module, tokens: Tensor, start: int = 0) -> Tensor:
-    """(n_layer, n_head): the mean loss (from position ``start`` on) with each head zeroed, minus without."""
+def ablation_effects(model: nn.Module, tokens: Tensor, start: int = 0, how: str = "zero") -> Tensor:
+    """(n_layer, n_head): the mean loss (from position ``start`` on) with each head ablated ``how``, minus without."""
     base = float(token_losses(model, tokens)[:, start:].mean())
     config = model.config
-    return torch.tensor([[float(token_losses(model, tokens, [(layer, head)])[:, start:].mean()) - base
+    return torch.tensor([[float(token_losses(model, tokens, [(layer, head)], how)[:, start:].mean()) - base
                           for head in range(config.n_head)] for layer in range(config.n_layer)])
 
 
@@ -138,7 +140,8 @@ def induction_ablation(model: nn.Module, scores: Tensor, tokens: Tensor, length:
     lowest-scoring ones of the same layers first, then of the others, leaving out the previous-token heads the
     circuit reads from (``previous`` scores past ``threshold`` in an earlier layer): zeroing those breaks the
     circuit too, so they measure it, not a bystander. The same rule with them in is reported beside
-    (``other_heads_any``)."""
+    (``other_heads_any``). Heads are zeroed; ``mean_ablated`` gives the same three with each head's output replaced
+    by its mean instead, which keeps a head's constant offset and removes only what it says about each token."""
     found = [(layer, head) for layer, head in torch.nonzero(scores > threshold).tolist()]
     feeding = [] if previous is None or not found else [
         (layer, head) for layer, head in torch.nonzero(previous > threshold).tolist()
@@ -146,14 +149,16 @@ def induction_ablation(model: nn.Module, scores: Tensor, tokens: Tensor, length:
     any_others = other_heads(scores, found, [])
     others = other_heads(scores, found, feeding)
     base = second_repeat_loss(model, tokens, length)
-    ablated = {}
-    for name, heads in (("induction", found), ("others", others), ("others_any", any_others)):
-        ablated[name] = second_repeat_loss(model, tokens, length, heads) - base if found and heads else None
+    ablated: dict[str, dict] = {"zero": {}, "mean": {}}
+    for how, into in ablated.items():
+        for name, heads in (("induction", found), ("others", others), ("others_any", any_others)):
+            into[name] = second_repeat_loss(model, tokens, length, heads, how) - base if found and heads else None
+    mean, ablated = ablated["mean"], ablated["zero"]
     return {"threshold": threshold, "induction_heads": found, "other_heads": others, "feeding_heads": feeding,
             "other_heads_any": any_others, "loss_second_repeat": base,
             "loss_first_repeat": float(token_losses(model, tokens)[:, :length - 1].mean()),
             "ablated_induction": ablated["induction"], "ablated_others": ablated["others"],
-            "ablated_others_any": ablated["others_any"]}
+            "ablated_others_any": ablated["others_any"], "mean_ablated": mean}
 
 
 def other_heads(scores: Tensor, found: list[tuple[int, int]], leave_out: list[tuple[int, int]]) -> list[tuple]:

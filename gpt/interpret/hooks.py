@@ -101,18 +101,23 @@ def hooks(model: nn.Module, fns: list[tuple[str, HookFn]]) -> Iterator[dict[str,
             patterns.unwatch(layer)
 
 
+ABLATIONS = ("zero", "mean")
+
+
 def ablate_heads(heads: list[tuple[int, int]], how: str = "zero") -> list[tuple[str, Callable]]:
-    """Hook functions that zero the output z of each (layer, head) before the out projection (``how="zero"``)."""
-    if how != "zero":
-        raise ValueError(f"unknown ablation {how!r}; valid: zero")
+    """Hook functions that replace the output z of each (layer, head) before the out projection: by zeros
+    (``how="zero"``), or by its mean over the batch and positions of the same pass (``how="mean"``, mean ablation:
+    the head's average contribution stays, what it says about each token goes)."""
+    if how not in ABLATIONS:
+        raise ValueError(f"unknown ablation {how!r}; valid: {', '.join(ABLATIONS)}")
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
 
     def ablate(chosen: list[int]) -> HookFn:
         def fn(z, hook):
-            z = z.clone()
-            z[:, :, chosen] = 0.0  # (B, T, H, D)
+            z = z.clone()  # (B, T, H, D)
+            z[:, :, chosen] = 0.0 if how == "zero" else z[:, :, chosen].mean(dim=(0, 1), keepdim=True)
             return z
         return fn
 

@@ -92,6 +92,8 @@ def test_the_detector_finds_a_hand_built_induction_circuit_and_ablating_it_costs
     assert result["ablated_induction"] > 2 and abs(result["ablated_others"]) < 1e-6
     assert result["ablated_others_any"] == result["ablated_others"]  # the same head either way here
     assert token_losses(m, repeated_tokens(torch.arange(16), 16, 8, 1), [(0, 0)])[:, 16:].mean() > 2  # it feeds it
+    mean = result["mean_ablated"]  # the induction head's mean output says nothing about the next token either
+    assert mean["induction"] > 2 and abs(mean["others"]) < 1e-6 and mean["others_any"] == mean["others"]
 
 
 def test_other_heads_leave_out_the_heads_feeding_the_circuit_only_when_told():
@@ -182,6 +184,25 @@ def test_ablating_every_head_is_zeroing_the_out_projections_input():
     torch.testing.assert_close(ablated, expected, atol=1e-10, rtol=1e-10)
 
 
+def test_mean_ablation_feeds_the_out_projection_each_heads_mean_over_batch_and_positions():
+    m = model()
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    fed = []
+
+    def by_hand(z, hook):  # (B, T, H, D): head 1's output, every position given its mean over batch and positions
+        fed.append(z.clone())
+        z = z.clone()
+        z[:, :, 1] = z[:, :, 1].mean(dim=(0, 1), keepdim=True)
+        return z
+
+    with hooks(m, [("blocks.0.attn.hook_z", by_hand)]), torch.no_grad():
+        logits = m(tokens[:, :-1])[0]
+    expected = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    torch.testing.assert_close(token_losses(m, tokens, [(0, 1)], "mean"), expected, atol=1e-10, rtol=1e-10)
+    assert fed[0][:, :, 1].std(dim=(0, 1)).min() > 0  # the head did vary, so the mean took something away
+    assert not torch.allclose(token_losses(m, tokens, [(0, 1)], "mean"), token_losses(m, tokens, [(0, 1)]))
+
+
 def test_hooks_write_and_are_gone_after_the_block():
     m = model()
     tokens = torch.arange(10)[None]
@@ -263,6 +284,7 @@ def test_the_script_writes_json_and_png_and_refuses_bad_input_in_one_line(checkp
                           (["analysis=ablation", "ablate=[head1]"], "L<layer>H<head>"),
                           (["analysis=lens", "prompt=" + "a" * 20], "more than the model's context"),
                           (["analysis=curve"], "has none"),  # a checkpoint's folder without a run's events
+                          (["analysis=ablation", "ablate_with=median"], "not one of zero, mean"),
                           (["analysis=nope"], "not one of heads, lens")]:
         done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
