@@ -48,9 +48,9 @@ class PasskeyMix:
         x[:self.rows] = torch.from_numpy(inputs).to(x.device)
         y[:self.rows] = torch.from_numpy(targets).to(y.device)
 
-    def loss(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor | None) -> torch.Tensor:
         """The step's loss: the model's own (every target alike), or with a weight, the passkey rows' mean loss
-        weighted by it and the other rows' by the rest."""
+        weighted by it and the other rows' by the rest (the Trainer then asks the model for no loss of its own)."""
         if self.weight is None:
             return loss
         flat = logits.float().flatten(0, 1)

@@ -269,10 +269,12 @@ class Trainer:
         """One micro-step on the next batch; gradients are all-reduced only on the ``last`` one. Returns the loss."""
         x, y, *extra = self.next_batch()  # chat data adds positions and the mask that keeps conversations apart
         kwargs = extra[0] if extra else {}
+        weighted = self.passkey is not None and self.passkey.weight is not None
+        targets = None if weighted else y  # a weighted passkey mix computes the loss itself: not twice
         with parallelize.gradient_sync(self.train_model, last):
             try:
                 with self.forward_context:
-                    logits, loss = self.train_model(x, y, **kwargs)
+                    logits, loss = self.train_model(x, targets, **kwargs)
             except Exception as err:  # a compiler failure on first use: say so once, go eager
                 if not self.compiled_first_step:
                     raise
@@ -281,7 +283,7 @@ class Trainer:
                 self.model = self.state.model
                 self.train_model = build.data_parallel(self.model, self.device, self.ranks)
                 with self.forward_context:
-                    logits, loss = self.train_model(x, y, **kwargs)
+                    logits, loss = self.train_model(x, targets, **kwargs)
             self.compiled_first_step = False
             if self.passkey is not None:
                 loss = self.passkey.loss(logits, y, loss)
