@@ -341,16 +341,16 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps():
 
 def test_the_prefix_cache_evicts_the_least_recently_used_blocks_and_is_off_for_rings():
     model, tokenizer = model_for({"block_size": 64}, 5), CharTokenizer(CHARS)
-    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=3).start()
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=4).start()
     try:
         a, b = list(range(20)) + list(range(20)), list(range(5, 45))  # 40 tokens: two whole blocks before the last
-        run_one(engine, a, tokenizer, 1, temperature=0.0)
-        run_one(engine, b, tokenizer, 1, temperature=0.0)  # b's second block takes the place of a's first
-        assert len(engine.prefix.blocks) == 3 and engine.prefix.reused == 0
+        run_one(engine, a, tokenizer, 1, temperature=0.0)  # two whole blocks, and 8 tokens once it finished
+        run_one(engine, b, tokenizer, 1, temperature=0.0)  # b's second block and its last 8 take a's first two's place
+        assert len(engine.prefix.blocks) == 4 and engine.prefix.reused == 0
         run_one(engine, b, tokenizer, 1, temperature=0.0)
-        assert engine.prefix.reused == 32  # both of b's blocks
+        assert engine.prefix.reused == 32  # both of b's whole blocks (its last 8 tokens are more than it leaves)
         run_one(engine, a, tokenizer, 1, temperature=0.0)
-        assert engine.prefix.reused == 32  # a's second block is useless without its first, evicted
+        assert engine.prefix.reused == 32  # a's last 8 tokens are useless without its first two blocks, evicted
     finally:
         engine.stop()
     assert Engine(model_for({"window": 6}), tokenizer, prefix_blocks=8).prefix is None  # a ring cannot continue
