@@ -3,8 +3,9 @@
 A thread per model runs the loop of gpt.inference.decoding.stream (prefill, one decode_step per token, the context
 sliding by half past block_size) over the slots of a cache pool (gpt.serve.cache_pool): the sequences joining in one
 step are prefilled together straight into free slots (one left-padded forward; a prefix cache hit or a chunk of a
-long prompt alone), every step then decodes all slots in use at once, a finished or cancelled one gives its slot
-back at once; nothing is rebuilt. Each samples with its own settings and its own torch.Generator
+long prompt alone; one whose prompt shares blocks with a prefill in flight waits for them, a step or a few, and
+finds them in the prefix cache), every step then decodes all slots in use at once, a finished or cancelled one
+gives its slot back at once; nothing is rebuilt. Each samples with its own settings and its own torch.Generator
 (gpt.inference.decoding.sample_rows), so a request gets the text it would get alone, the text scripts/generate.py
 prints for the same seed and settings. A context that slides is prefilled again, as stream does.
 """
@@ -35,6 +36,7 @@ from gpt.tokenizers.tokenizer import Tokenizer
 log = logging.getLogger("gpt.serve")
 RATE_SECONDS = 10.0  # the window /metrics' tokens per second is measured over
 SHUTTING_DOWN = "the server is shutting down"  # why sequences still decoding end when the server stops
+WAIT_STEPS = 16  # steps a sequence may wait for a prefill in flight to publish the blocks its prompt shares
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Sequence:
         self.generated = 0  # tokens sampled, a stop token included
         self.finish_reason: str | None = None
         self.cancelled = False  # the client went away: dropped at the next step, nothing more delivered
+        self.waited = 0  # steps it waited for blocks a prefill in flight computes (Engine._waits)
         self.deliver = deliver
 
     @property
@@ -115,13 +118,14 @@ class Sequence:
 
 @dataclass
 class _Filling:
-    """A sequence being prefilled: its one-row cache (None until it is prefilled alone), its context, and how many
-    of its tokens the cache holds."""
+    """A sequence being prefilled: its one-row cache (None until it is prefilled alone), its context, how many
+    of its tokens the cache holds, and the keys of the blocks it will put in the prefix cache."""
 
     seq: Sequence
     cache: KVCache | None
     context: list[int]
     done: int
+    keys: frozenset[int] = frozenset()
 
 
 class QueueFull(Exception):
@@ -252,7 +256,7 @@ class Engine:
         joined: list[Sequence] = []
         while self._waiting and len(joined) < self.pool.free - len(self._filling):
             seq = self._waiting.popleft()
-            if not seq.cancelled:
+            if not seq.done:  # cancelled, or failed while it waited for a prefill in flight
                 joined.append(seq)
         return joined
 
@@ -268,7 +272,15 @@ class Engine:
                 # tokens, prefilled again (a window's ring never slides: it decodes on past block_size, as stream)
                 seq.start = len(seq.ids) - block // 2
                 refill.append(pool.release(row))
-        self._filling += [self._begin(seq) for seq in [*reversed(refill), *joined]]
+        waiting = []  # joining sequences that wait for blocks a prefill in flight computes (one joined just now too)
+        for seq in [*reversed(refill), *joined]:
+            if self._waits(seq):
+                waiting.append(seq)
+            else:
+                self._filling.append(self._begin(seq))
+        if waiting:  # first in line again, to find those blocks in the prefix cache next step
+            with self._cond:
+                self._waiting.extendleft(reversed(waiting))
         self._filling = [f for f in self._filling if not f.seq.cancelled]
         if self.speculate and not self._filling and pool.rows and pool.rows[0].sampling.temperature == 0.0:
             guesses = guesses_for(pool, pool.rows[0].ids, self.speculate)
@@ -311,18 +323,34 @@ class Engine:
         for output in outputs:
             seq.deliver(output)
 
+    def _waits(self, seq: Sequence) -> bool:
+        """Whether a joining sequence's first block the prefix cache lacks is one a prefill in flight will put there:
+        it then waits a step (WAIT_STEPS at most, first in line) and finds it, rather than computing it again, so
+        prompts that share a system prompt and arrive together compute it once (vLLM and SGLang share it too)."""
+        if self.prefix is None or seq.start != 0 or seq.waited >= WAIT_STEPS:
+            return False
+        coming = frozenset().union(*(f.keys for f in self._filling if not f.seq.cancelled))
+        for key, _, _ in PrefixCache.hashes(seq.ids[:-1]):
+            if key not in self.prefix.blocks:
+                if key in coming:
+                    seq.waited += 1
+                    return True
+                return False
+        return False
+
     def _begin(self, seq: Sequence) -> _Filling:
         """A sequence to prefill (as generate.py does), its context's cached prefix already in a cache of its own;
         without one, its cache is made when it is prefilled alone (else it joins the step's batched prefill)."""
         context = seq.ids[seq.start:]
-        cache, cached = None, 0
+        cache, cached, keys = None, 0, frozenset()
         if self.prefix is not None and seq.start == 0:  # a slid context's positions no longer match a prompt's
             cached, blocks = self.prefix.lookup(context)
+            keys = frozenset(key for key, _, _ in PrefixCache.hashes(context))
             if cached:
                 cache = self._one_row(len(context))
                 self.prefix.fill(cache, blocks)
         self.prompt_tokens += len(context)
-        return _Filling(seq, cache, context, cached)
+        return _Filling(seq, cache, context, cached, keys)
 
     def _one_row(self, tokens: int) -> KVCache:
         """A one-row cache for a sequence prefilled alone: as long as its context when it goes to the pool's slots
@@ -426,7 +454,7 @@ class Engine:
         seq = self.pool.rows[row]
         if self.prefix is not None and seq.start == 0 and not seq.cancelled:
             held = self.pool.held[row]
-            self.prefix.store(seq.ids[:held], self.pool.row_layers(row))
+            self.prefix.store(seq.ids[:held], self.pool.row_layers(row), tail=True)
 
     def _fail(self, sequences: list[Sequence], message: str) -> None:
         """End these sequences (and those being prefilled) with an error output and empty the pool."""

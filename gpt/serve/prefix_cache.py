@@ -1,11 +1,13 @@
 """Prefix caching: the keys and values of prompts' blocks of BLOCK tokens, kept by a hash of every token up to the
 block's end, so a prompt that starts like an earlier one (a system prompt, the earlier turns of a chat) prefills
-only what follows the longest cached prefix (vLLM's automatic prefix caching, in whole blocks).
+only what follows the longest cached prefix (vLLM's automatic prefix caching).
 
 Blocks come from prefills and from sequences that finished (their generated tokens too: a chat's next turn repeats
-the answer). At most ``capacity`` blocks are kept; the least recently used go first. Only caches that hold every
-position in order can continue from a prefix (KVCache's full stores: keys and values, MLA's latents); a ring (a
-sliding window, sink tokens) or a running state cannot, and the engine then has no prefix cache.
+the answer); a finished sequence's last partial block is kept too, so the next turn finds every token the model
+computed, not only whole blocks (as SGLang's radix cache would, at the tail). At most ``capacity`` blocks are kept;
+the least recently used go first. Only caches that hold every position in order can continue from a prefix
+(KVCache's full stores: keys and values, MLA's latents); a ring (a sliding window, sink tokens) or a running state
+cannot, and the engine then has no prefix cache.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def layer_tensors(cache: KVCache) -> list[dict[str, Tensor]]:
 
 
 class Block(NamedTuple):
-    """One cached block: the key of the block before it, its tokens (a hash match is checked against both), and
-    per layer its tensors by name, (1, ...) with BLOCK positions along the slot axis."""
+    """One cached block: the key of the block before it, its tokens (a hash match is checked against both; BLOCK of
+    them, fewer in a finished sequence's last block), and per layer its tensors by name, (1, ...) with a position per
+    token along the slot axis."""
 
     parent: int
     tokens: tuple[int, ...]
@@ -64,21 +67,36 @@ class PrefixCache:
         return out
 
     def lookup(self, context: list[int]) -> tuple[int, list[Block]]:
-        """The longest cached prefix of context, leaving at least its last token to prefill: (tokens, blocks)."""
-        found = []
+        """The longest cached prefix of context, leaving at least its last token to prefill: (tokens, blocks), whole
+        blocks then the longest partial block a finished sequence left that continues them."""
+        found, parent = [], 0
         for key, parent, tokens in self.hashes(context[:-1]):
-            block = self.blocks.get(key)
-            if block is None or block.parent != parent or block.tokens != tokens:
+            if not self._found(key, parent, tokens, found):
                 break
-            self.blocks.move_to_end(key)
-            found.append(block)
+            parent = key
+        rest = context[len(found) * BLOCK : -1]
+        for size in range(min(len(rest), BLOCK - 1), 0, -1):
+            tail = tuple(rest[:size])
+            if self._found(hash((parent, tail)), parent, tail, found):
+                break
+        tokens = sum(len(block.tokens) for block in found)
         self.looked += len(context)
-        self.reused += len(found) * BLOCK
-        return len(found) * BLOCK, found
+        self.reused += tokens
+        return tokens, found
+
+    def _found(self, key: int, parent: int, tokens: tuple[int, ...], found: list[Block]) -> bool:
+        """Whether this block is cached (its parent and tokens checked, not only the hash): then it is appended to
+        found and becomes the most recently used."""
+        block = self.blocks.get(key)
+        if block is None or block.parent != parent or block.tokens != tokens:
+            return False
+        self.blocks.move_to_end(key)
+        found.append(block)
+        return True
 
     def fill(self, cache: KVCache, blocks: list[Block]) -> int:
         """Put the blocks' keys and values in an empty one-row cache as if its prefill had written them; the tokens."""
-        n, slots = len(blocks) * BLOCK, cache.slots[None]  # a uniform model's (cacheable)
+        n, slots = sum(len(block.tokens) for block in blocks), cache.slots[None]  # a uniform model's (cacheable)
         for i, layer in enumerate(cache.layers):
             for name in KINDS[type(layer)]:
                 axis = AXES[name]
@@ -93,14 +111,20 @@ class PrefixCache:
         slots.pos.fill_(n)
         return n
 
-    def store(self, tokens: list[int], layers: list[dict[str, Tensor]]) -> None:
-        """Keep the whole blocks of tokens not cached yet; ``layers``: per layer, name -> its tensor (1, ...) holding
-        positions 0..len(tokens)-1 in order along the kind's slot axis (a one-row cache's, or a pool row's)."""
-        for b, (key, parent, block) in enumerate(self.hashes(tokens)):
+    def store(self, tokens: list[int], layers: list[dict[str, Tensor]], tail: bool = False) -> None:
+        """Keep the whole blocks of tokens not cached yet, and with ``tail`` the partial block after them; ``layers``:
+        per layer, name -> its tensor (1, ...) holding positions 0..len(tokens)-1 in order along the kind's slot axis
+        (a one-row cache's, or a pool row's)."""
+        blocks = self.hashes(tokens)
+        end = len(blocks) * BLOCK
+        if tail and end < len(tokens):
+            parent = blocks[-1][0] if blocks else 0
+            blocks.append((hash((parent, tuple(tokens[end:]))), parent, tuple(tokens[end:])))
+        for b, (key, parent, block) in enumerate(blocks):
             if key in self.blocks:
                 self.blocks.move_to_end(key)
                 continue
-            self.blocks[key] = Block(parent, block, [{name: value.narrow(AXES[name], b * BLOCK, BLOCK).clone()
+            self.blocks[key] = Block(parent, block, [{name: value.narrow(AXES[name], b * BLOCK, len(block)).clone()
                                                       for name, value in layer.items()} for layer in layers])
             while len(self.blocks) > self.capacity:
                 self.blocks.popitem(last=False)

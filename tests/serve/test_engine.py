@@ -238,6 +238,77 @@ def test_a_multi_turn_chat_reuses_its_earlier_turns_from_the_prefix_cache(case):
         engine.stop()
 
 
+def run_together(engine: Engine, prompts: list[list[int]], tokenizer, max_tokens: int,
+                 settings: list[dict]) -> list[list[int]]:
+    """Sequences submitted at once (one request's worth: the engine admits them in the same step); their tokens."""
+    got: list[list[int]] = [[] for _ in prompts]
+    done = [threading.Event() for _ in prompts]
+
+    def deliver(i: int):
+        def put(output) -> None:
+            got[i].extend([output.token] if output.token is not None and output.error is None else [])
+            if output.finish_reason is not None:
+                done[i].set()
+        return put
+
+    engine.submit([Sequence(p, Sampling(max_tokens=max_tokens, **s), tokenizer, deliver(i))
+                   for i, (p, s) in enumerate(zip(prompts, settings))])
+    assert all(event.wait(60) for event in done)
+    return got
+
+
+@pytest.mark.parametrize("chunk", [0, 8])
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone"])
+def test_prompts_sharing_a_prefix_that_arrive_together_compute_it_once(case, chunk):
+    """Three prompts that start with the same 32 tokens (two blocks), submitted together: the first computes them
+    (whole, or in chunks of 8 over four steps), the others wait for its blocks and find them in the prefix cache;
+    each gets generate.py's tokens alone (greedy, and sampled with a seed)."""
+    model, tokenizer = model_for(CASES[case] | {"block_size": 64}, 7), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=4, max_queue=4, prefix_blocks=16, prefill_chunk=chunk).start()
+    try:
+        g = torch.Generator().manual_seed(8)
+        shared = torch.randint(0, len(CHARS), (32,), generator=g).tolist()
+        rows = [shared + torch.randint(0, len(CHARS), (5,), generator=g).tolist() for _ in range(3)]
+        settings = [dict(temperature=0.0), dict(temperature=0.9, top_k=5, seed=2), dict(temperature=1.0, seed=3)]
+        got = run_together(engine, rows, tokenizer, 10, settings)
+        for i, (prompt, s) in enumerate(zip(rows, settings)):
+            assert got[i] == alone(model, prompt, 10, s), (case, chunk, i)
+        assert engine.prefix.reused == 2 * 32 and engine.prefix.looked == 3 * 37  # the second and third hit
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mla:alone"])
+def test_a_chat_replay_of_conversations_arriving_together_reuses_every_token_the_model_computed(case):
+    """scripts/bench_serve.py's chat replay in the engine, its shapes and turns arriving together: four
+    conversations, one 64-token system prompt, a 4-token first message, then each turn the last prompt, its
+    12-token answer and a 4-token message. Every prompt token the model computed before is found (the ceiling):
+    a first turn's system prompt (all but the first conversation's, whose prefill the others wait for), a later
+    turn's last prompt and its answer but the last token, never fed: 1,332 of 1,472 prompt tokens (90%). Whole
+    blocks of 16 alone would give 1,152 (78%), and 960 (65%) where every first turn computes the system prompt."""
+    model, tokenizer = model_for(CASES[case] | {"block_size": 128}, 3), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=8, max_queue=8, prefix_blocks=256).start()
+    try:
+        g = torch.Generator().manual_seed(6)
+        words = lambda n: torch.randint(0, len(CHARS), (n,), generator=g).tolist()  # noqa: E731
+        system = words(64)
+        chats = [system + words(4) for _ in range(4)]
+        ceiling = 0
+        for turn in range(4):
+            settings = [dict(temperature=0.8, top_k=6, seed=4 * c + turn) for c in range(4)]
+            answers = run_together(engine, chats, tokenizer, 12, settings)
+            for c, (prompt, answer) in enumerate(zip(chats, answers)):
+                assert answer == alone(model, prompt, 12, settings[c]), (case, turn, c)
+                ceiling += len(prompt) - 4 - 1 if turn else 64 * (c > 0)  # all but the new message and the
+                # answer's last token; a first turn, the system prompt
+            chats = [prompt + answer + words(4) for prompt, answer in zip(chats, answers)]
+        assert engine.prefix.looked == 4 * (68 + 84 + 100 + 116)
+        assert engine.prefix.reused == ceiling == 1332, (engine.prefix.reused, ceiling)
+        assert engine.prefix.hit_rate >= 0.8
+    finally:
+        engine.stop()
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps():
     model, tokenizer = model_for({"block_size": 64}, 6), CharTokenizer(CHARS)
     engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefill_chunk=8).start()
@@ -270,16 +341,16 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps():
 
 def test_the_prefix_cache_evicts_the_least_recently_used_blocks_and_is_off_for_rings():
     model, tokenizer = model_for({"block_size": 64}, 5), CharTokenizer(CHARS)
-    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=3).start()
+    engine = Engine(model, tokenizer, max_batch=2, max_queue=4, prefix_blocks=4).start()
     try:
         a, b = list(range(20)) + list(range(20)), list(range(5, 45))  # 40 tokens: two whole blocks before the last
-        run_one(engine, a, tokenizer, 1, temperature=0.0)
-        run_one(engine, b, tokenizer, 1, temperature=0.0)  # b's second block takes the place of a's first
-        assert len(engine.prefix.blocks) == 3 and engine.prefix.reused == 0
+        run_one(engine, a, tokenizer, 1, temperature=0.0)  # two whole blocks, and 8 tokens once it finished
+        run_one(engine, b, tokenizer, 1, temperature=0.0)  # b's second block and its last 8 take a's first two's place
+        assert len(engine.prefix.blocks) == 4 and engine.prefix.reused == 0
         run_one(engine, b, tokenizer, 1, temperature=0.0)
-        assert engine.prefix.reused == 32  # both of b's blocks
+        assert engine.prefix.reused == 32  # both of b's whole blocks (its last 8 tokens are more than it leaves)
         run_one(engine, a, tokenizer, 1, temperature=0.0)
-        assert engine.prefix.reused == 32  # a's second block is useless without its first, evicted
+        assert engine.prefix.reused == 32  # a's last 8 tokens are useless without its first two blocks, evicted
     finally:
         engine.stop()
     assert Engine(model_for({"window": 6}), tokenizer, prefix_blocks=8).prefix is None  # a ring cannot continue
