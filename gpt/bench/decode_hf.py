@@ -12,7 +12,7 @@ import torch
 
 from gpt import GPT
 from gpt.bench.report import compile_step, first_call_seconds, interleaved, markdown_table, ratio, ratio_spread
-from gpt.inference.weight_layout import gemv_layout
+from gpt.inference.weight_layout import decode_layout, gemv_layout
 from gpt.model.config import GPTConfig
 
 GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, dropout=0.0, bias=True)
@@ -23,9 +23,10 @@ FLOOR = "floor: reading every weight once a token"
 
 def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> str:
     """ms per token of this project's cached decoding (eager with its weights as the generate command stores them,
-    gemv_layout; eager with nn.Linear's own storage; compiled with cfg.compile) and of transformers' generate on a
-    model of ``shape``, their ratio and whether the tokens agree, beside the memory's floor (read_weights); one line
-    saying why not when transformers is missing."""
+    decode_layout; with MKL's products only, gemv_layout; eager with nn.Linear's own storage; compiled with
+    cfg.compile, on MKL's products) and of transformers' generate on a model of ``shape``, their ratio and whether
+    the tokens agree, beside the memory's floor (read_weights); one line saying why not when transformers is
+    missing."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**shape, attention=cfg.model.attention)).to(device).eval()
     twin = hf_twin(model)
@@ -35,14 +36,17 @@ def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> 
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(device)
     linear = copy.deepcopy(model)  # nn.Linear's (out, in) storage, as transformers' lm_head keeps it
-    gemv_layout(model)  # as the generate and chat commands load a model
+    mkl = copy.deepcopy(model)
+    gemv_layout(mkl)  # MKL's products on (in, out) storage, nothing packed for oneDNN
+    decode_layout(model)  # as the generate and chat commands load a model
     fns = {"ours, KV cache": partial(ours_greedy, model, prompt, n),
            "transformers generate": partial(hf_greedy, twin, prompt, n),
+           "ours, KV cache, MKL only, (in, out) weights": partial(ours_greedy, mkl, prompt, n),
            "ours, KV cache, (out, in) weights": partial(ours_greedy, linear, prompt, n)}
     note = ""
     if cfg.compile:
         step = compile_step(device)
-        fns["ours, compiled"] = partial(ours_compiled, model, prompt, n, step)
+        fns["ours, compiled"] = partial(ours_compiled, mkl, prompt, n, step)
         note = f"\n\nours, compiled: first call {first_call_seconds(fns['ours, compiled'], device):.1f} s"
     tokens = {name: fn() for name, fn in fns.items()}
     weights = torch.ones(model.num_params(), device=device)  # the position table: one row a step, not counted
@@ -64,7 +68,7 @@ def against_transformers(cfg, device: torch.device, shape: dict = GPT2_124M) -> 
             f"({size / floor / 1e9:.1f} GB/s), so no fp32 decoder of this model takes less a token on "
             f"this machine at these threads: at most {ratio(times, 'transformers generate', FLOOR):.2f}x "
             f"transformers"
-            + (bf16_table(cfg, model, twin, prompt, tokens["transformers generate"]) if cfg.hf_bf16 else ""))
+            + (bf16_table(cfg, linear, twin, prompt, tokens["transformers generate"]) if cfg.hf_bf16 else ""))
 
 
 def bf16_table(cfg, model: GPT, twin, prompt: torch.Tensor, fp32_tokens: list[int]) -> str:

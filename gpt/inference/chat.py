@@ -19,7 +19,7 @@ from gpt.errors import ConfigError, UserError, check_positive
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer
 from gpt.inference.decoding import check_sampling, stream
 from gpt.inference.text import TextStream, unescape
-from gpt.inference.weight_layout import gemv_layout
+from gpt.inference.weight_layout import decode_layout
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.weights.load import load
@@ -42,6 +42,7 @@ class ChatCommandConfig(ScriptConfig):
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: Optional[AttentionConfig] = None  # attention=<kernel>: run the weights with it (None: as trained)
     precision: str = "auto"
+    onednn: bool = True  # a CPU at 2+ threads: large float32 Linears through oneDNN's packed copies (weight_layout)
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens")
@@ -148,7 +149,7 @@ def load_chat_model(cfg: ChatCommandConfig, renderer: Renderer) -> tuple[GPT, Ch
     except ChatTemplateError as err:
         raise UserError(f"{cfg.ckpt}: its chat template is unusable: {err}",
                         hint="the file is damaged or was not written by this framework") from None
-    gemv_layout(model)  # a CPU's one-token steps read each matrix along its longer side (weight_layout)
+    decode_layout(model, cfg.onednn)  # weights stored for a CPU's one-token steps (weight_layout)
     return model, template
 
 

@@ -13,7 +13,7 @@ from gpt.device import PRECISIONS, DeviceConfig, autocast, resolve_device, resol
 from gpt.errors import ConfigError, UserError, check_positive
 from gpt.inference.decoding import check_sampling, prompt_ids, stream
 from gpt.inference.text import TextStream, unescape
-from gpt.inference.weight_layout import gemv_layout
+from gpt.inference.weight_layout import decode_layout
 from gpt.model import GPT
 from gpt.model.config import MISSING, AttentionConfig, ScriptConfig
 from gpt.tokenizers import tokenizer as tok
@@ -42,6 +42,7 @@ class GenerateConfig(ScriptConfig):
     window: Optional[int] = None  # sliding window for this run (None: as trained); with it decoding never ends
     sinks: Optional[int] = None  # StreamingLLM's sink tokens beside the window (the stream design; 0: none)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    onednn: bool = True  # a CPU at 2+ threads: large float32 Linears through oneDNN's packed copies (weight_layout)
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_samples")
@@ -112,7 +113,7 @@ def run(cfg: GenerateConfig) -> None:
     kernel, backend = (cfg.model.attention, cfg.model.attention_backend) if cfg.model else (None, None)
     model, tokenizer, _ = load(cfg.ckpt, device, kernel, backend, cfg.init_path)
     model = streaming(model, cfg.window, cfg.sinks)
-    gemv_layout(model)  # a CPU's one-token steps read each matrix along its longer side (weight_layout)
+    decode_layout(model, cfg.onednn)  # weights stored for a CPU's one-token steps (weight_layout)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = sys.stdout
     if cfg.interactive:

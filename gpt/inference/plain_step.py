@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpt import kernels
+from gpt.inference.weight_layout import packed_forward
 from gpt.model import GPT
 from gpt.model.gpt import CausalSelfAttention
 from gpt.model.kv_cache import KVCache, LayerKV, Slots
@@ -70,7 +71,11 @@ def _linear(module: nn.Linear, vector: bool) -> Callable[[Tensor], Tensor]:
     """F.linear with the weights bound; for one row (a vector, fp32 only) torch.addmv: the same sums (MKL multiplies
     a one-row fp32 matrix as a vector; equal bit for bit on torch 2.13 to 2.15 here) without addmm's wrapping, 3 to 5
     us less a call for the default model's matrices on this CPU. In bf16 addmv was no faster (0.9x to 2x F.linear's
-    time) and sums otherwise (docs/benchmarks.md)."""
+    time) and sums otherwise (docs/benchmarks.md). A Linear packed for oneDNN (weight_layout.onednn_linears) keeps
+    its own forward, called as a function: the general step's products exactly."""
+    packed = packed_forward(module)
+    if packed is not None:
+        return (lambda x: packed(x.view(1, -1)).view(-1)) if vector else packed
     weight, bias = module.weight, module.bias
     if not vector:
         return partial(F.linear, weight=weight, bias=bias)

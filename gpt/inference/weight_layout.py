@@ -1,5 +1,6 @@
 """Weights stored for decoding on a CPU: every Linear's matrix contiguous along its longer side (one sequence's
-steps), or packed for oneDNN's matrix products (a server's batched steps, ``onednn_linears``).
+steps), or packed for oneDNN's matrix products (``onednn_linears``: a server's batched steps, and a sequence's
+steps at more than one thread, ``decode_layout``).
 
 A decode step multiplies one row by each weight matrix (a matrix-vector product), so its speed is the speed of
 streaming the weights from memory, and on a CPU that depends on how they lie. Measured with torch's MKL on this
@@ -37,8 +38,8 @@ def gemv_layout(model: nn.Module) -> int:
     return done
 
 
-PACKED_MIN_ROWS = 8  # fewer rows than this (one sequence's step) keep MKL's product: oneDNN's was slower there
 PACKED_MIN_WEIGHTS = 1 << 18  # smaller matrices (the default model's) stay MKL's: oneDNN's call costs more there
+MKL_ONE_ROW_THREADS = 1  # one row at this many threads or fewer keeps MKL's product: its gemv was faster there
 
 
 def onednn_available() -> bool:
@@ -51,13 +52,15 @@ def onednn_available() -> bool:
 @torch.no_grad()
 def onednn_linears(model: nn.Module, rows: int = 32, smallest: int = PACKED_MIN_WEIGHTS) -> int:
     """Give each float32 CPU Linear of ``smallest`` weights or more a copy of its weight packed in oneDNN's blocked
-    layout (as vLLM's CPU build and torch.compile's freezing do), which its forward uses for products of
-    PACKED_MIN_ROWS rows or more outside autograd and autocast; ``rows`` is the batch oneDNN lays it out for (the
-    server's slots). Returns how many were packed (0 where oneDNN is missing). Measured on this project's 2-core AMD
-    EPYC (1 thread, 32 rows): GPT-2's lm_head 29 ms against F.linear's 63-70 ms, its blocks' matrices 1.3-1.4x
-    faster; a 128 x 512 matrix (the default model's) 63 us against 50 us, the crossover near 512 x 512. The weights
-    are untouched (state dict, tying); the copies cost the Linears' memory once more, and the sums run in another
-    order (the last bits of float32). For a model that only serves: a weight changed later misses its copy."""
+    layout (as vLLM's CPU build and torch.compile's freezing do), which its forward uses outside autograd and
+    autocast, except for one row at one thread (``_packed_forward``); ``rows`` is the batch oneDNN lays it out for
+    (a server's slots, a sequence's 1). Returns how many were packed (0 where oneDNN is missing). Measured on this
+    project's 2-core AMD EPYC: at 1 thread and 32 rows GPT-2's lm_head took 29 ms against F.linear's 63-70 ms, its
+    blocks' matrices 1.3-1.4x faster; all of GPT-2's matrices for one row at 2 threads 21-26 ms against 40-45 ms
+    for F.linear and 30-40 ms for MKL's gemv on (in, out) storage (docs/benchmarks.md); a 128 x 512 matrix (the
+    default model's) 63 us against 50 us, the crossover near 512 x 512. The weights are untouched (state dict,
+    tying); the copies cost the Linears' memory once more, and the sums run in another order (the last bits of
+    float32). For a model that only decodes or serves: a weight changed later misses its copy."""
     if not onednn_available():
         return 0
     done = 0
@@ -72,13 +75,32 @@ def onednn_linears(model: nn.Module, rows: int = 32, smallest: int = PACKED_MIN_
     return done
 
 
+def packed_forward(module: nn.Module):
+    """The forward onednn_linears gave this Linear (a plain function: callers may skip the module call), or None."""
+    forward = vars(module).get("forward")
+    return forward if getattr(forward, "packed", None) is not None else None
+
+
 def _packed_forward(module: nn.Linear, packed: torch.Tensor):
-    """A Linear's forward through its packed weight where that is exact to use (no autograd, no autocast, enough
-    rows), else nn.Linear's own."""
+    """A Linear's forward through its packed weight where that is exact to use (no autograd, no autocast) and pays
+    (not one row at one thread, where MKL's gemv on the Linear's own storage was faster), else nn.Linear's own."""
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() < PACKED_MIN_ROWS * x.size(-1)
+        if (x.dtype != torch.float32 or x.device.type != "cpu"
+                or (x.numel() == x.size(-1) and torch.get_num_threads() <= MKL_ONE_ROW_THREADS)
                 or (torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad))
                 or torch.is_autocast_enabled("cpu")):
             return nn.functional.linear(x, module.weight, module.bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    forward.packed = packed
     return forward
+
+
+@torch.no_grad()
+def decode_layout(model: nn.Module, onednn: bool = True) -> None:
+    """Store a decoding model's weights for a CPU's one-token steps (generate and chat): gemv_layout, and with
+    ``onednn`` and more than one torch thread oneDNN's packed copies for one row (onednn_linears(rows=1)), which a
+    one-row product at 2 threads ran 1.5-1.9x faster through than MKL's gemv. At one thread nothing is packed: a
+    step's one-row products would keep MKL's gemv anyway, and the copies cost the large Linears' memory."""
+    gemv_layout(model)
+    if onednn and torch.get_num_threads() > MKL_ONE_ROW_THREADS:
+        onednn_linears(model, rows=1)

@@ -190,7 +190,7 @@ def test_bench_decode_against_transformers_runs_both_on_the_same_weights(monkeyp
     assert "2 layers of 32" in table and "6 new tokens" in table
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in table.splitlines()[4:] if line.startswith("| ")}
     assert set(rows) == {"ours, KV cache", "transformers generate", "ours, KV cache, (out, in) weights",
-                         decode_hf.FLOOR}
+                         "ours, KV cache, MKL only, (in, out) weights", decode_hf.FLOOR}
     floor = rows.pop(decode_hf.FLOOR)
     assert all(row[3] == "yes |" for row in rows.values())  # greedy tokens equal transformers', in either storage
     assert floor[3] == "- |"  # the memory's floor: no tokens of its own

@@ -8,7 +8,7 @@ from gpt import GPT, GPTConfig
 from gpt.inference import decoding
 from gpt.inference.decoding import decode_step, generate, generate_batch, prefill
 from gpt.inference.plain_step import PlainStep, plain, plain_step
-from gpt.inference.weight_layout import gemv_layout
+from gpt.inference.weight_layout import decode_layout, gemv_layout, onednn_available, packed_forward
 from gpt.model.kv_cache import KVCache
 
 BASE = dict(n_layer=2, n_head=4, n_embd=64, block_size=16, vocab_size=97, dropout=0.0, bias=True)
@@ -105,3 +105,28 @@ def test_stream_decodes_a_plain_model_with_it_to_the_recomputed_tokens(monkeypat
     assert len(steps) >= 30 and len(set(cached[0].tolist())) > 10
     assert torch.equal(cached, sampled(False))
     assert decoding.decode_step is decode_step  # the general step itself is untouched
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN prepacked linear")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_with_linears_packed_for_onednn_plain_steps_still_give_the_general_steps_logits(rows, threads):
+    """A model loaded as the generate command loads it at 2 threads (decode_layout: its large Linears packed for
+    oneDNN): the straight-call step calls their packed forwards, so its logits stay the general step's bit for bit,
+    at 2 threads (one row through oneDNN) and at 1 (one row through MKL's gemv, more through oneDNN)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        model = model_of(**PLAIN["gpt2 width"])
+        decode_layout(model)
+        assert packed_forward(model.transformer.h[0].mlp.c_fc) is not None
+        torch.set_num_threads(threads)
+        step = plain_step(model, decode_step)
+        general, fast, token, positions = two_caches(model, rows)
+        for _ in range(6):
+            positions = positions + 1
+            expected, got = decode_step(model, token, positions, general), step(model, token, positions, fast)
+            assert torch.equal(got, expected)
+            token = expected.argmax(-1, keepdim=True)
+    finally:
+        torch.set_num_threads(before)

@@ -462,7 +462,7 @@ def test_a_model_whose_linears_go_through_onednn_gets_what_the_loop_gives_alone(
     tokens are still those of generate.py's loop alone on the unpacked model."""
     model, tokenizer = model_for(CASES["gpt2"], 4), CharTokenizer(CHARS)
     packed = copy.deepcopy(model)
-    monkeypatch.setattr(weight_layout, "PACKED_MIN_ROWS", 1)
+    monkeypatch.setattr(weight_layout, "MKL_ONE_ROW_THREADS", 0)
     assert weight_layout.onednn_linears(packed, len(JOBS), smallest=0) == 4 * BASE["n_layer"] + 1  # the tied head
     calls = []
     pointwise = torch.ops.mkldnn._linear_pointwise
