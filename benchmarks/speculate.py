@@ -1,16 +1,19 @@
 """Prompt-lookup speculation's speed-up (docs/serving.md, issue 43): the serving engine (gpt.serve.engine) driven
-directly, no HTTP, one greedy request alone in the pool, decoded with and without ``speculate=N`` in turns (each
-way first in half the rounds, so the machine's load falls on both alike), on repetitive text: a prompt of repeated
-code lines. Random weights of the default model's shape (model=small, the character vocabulary of
-scripts/bench_serve.py) and of GPT-2 124M's (its 50257 tokens; the prompt sent as token ids, the tokenizer only
+directly, no HTTP, one greedy request alone in the pool, decoded with and without ``speculate=N`` in turns (the
+order turned round every other round, so the machine's load falls on every way alike), on repetitive text: a
+prompt of repeated code lines. Random weights of the default model's shape (model=small, the character vocabulary
+of scripts/bench_serve.py) and of GPT-2 124M's (its 50257 tokens; the prompt sent as token ids, the tokenizer only
 decodes the text). A random model's greedy output falls into repeating itself, which is what prompt lookup guesses:
 the figure is for text that repeats, not for a trained model's prose.
 
-    OMP_NUM_THREADS=1 python benchmarks/speculate.py [--shapes small gpt2] [--repeats 5] [--threads 1] [--drafts 4 8]
+    python benchmarks/speculate.py [--shapes small gpt2] [--repeats 5] [--threads 1] [--drafts 4 8] [--onednn]
 
-Per shape: tokens/s each way (median, lowest-highest over the rounds), the speed-up (the median of each round's
-time without over its time with, lowest-highest), model calls, guesses made and kept, and whether the tokens are
-the same both ways in every round (they must be: speculation is exact for greedy decoding).
+GPT-2's vocabulary is tiktoken's r50k_base file (TIKTOKEN_CACHE_DIR): without it that shape is skipped, saying so.
+
+Per shape and way: tokens/s (median, lowest-highest over the rounds); the speed-up, the median of each round's time
+without speculation over its time with (lowest-highest), for the whole request (the prompt's prefill in it) and
+after the first token (the decoding that speculation speeds up); model calls, guesses made and kept, and whether
+the tokens are those without speculation in every round (they must be: speculation is exact for greedy decoding).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not
 
 from gpt.bench.report import markdown_table  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
+from gpt.inference.weight_layout import onednn_linears  # noqa: E402
 from gpt.model import GPT  # noqa: E402
+from gpt.serve.config import ServeConfig  # noqa: E402
 from gpt.serve.engine import Engine, Sampling, Sequence  # noqa: E402
 from gpt.tokenizers.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer  # noqa: E402
 
@@ -46,11 +51,12 @@ SHAPES = {  # shape: (configs/model/ file, vocabulary, prompt's repeats of CODE,
 
 @dataclass
 class Run:
-    """One request through the engine: its tokens, seconds from submit to its last token, the engine's model calls,
-    guesses verified and kept during it."""
+    """One request through the engine: its tokens, seconds from submit to its last token and to its first, the
+    engine's model calls, guesses verified and kept during it."""
 
     tokens: list[int]
     seconds: float
+    first: float
     calls: int
     drafted: int
     accepted: int
@@ -66,9 +72,10 @@ class Comparison:
         """Whether every run this way gave the first plain run's tokens."""
         return all(run.tokens == self.runs["plain"][0].tokens for run in self.runs[way])
 
-    def speedups(self, way: str) -> list[float]:
-        """Each round's time without speculation over its time this way."""
-        return [p.seconds / s.seconds for p, s in zip(self.runs["plain"], self.runs[way])]
+    def speedups(self, way: str, decoding: bool = False) -> list[float]:
+        """Each round's time without speculation over its time this way (``decoding``: after the first token)."""
+        return [(p.seconds - decoding * p.first) / (s.seconds - decoding * s.first)
+                for p, s in zip(self.runs["plain"], self.runs[way])]
 
 
 def run_one(engine: Engine, prompt: list[int], tokenizer: Tokenizer, max_tokens: int) -> Run:
@@ -76,8 +83,11 @@ def run_one(engine: Engine, prompt: list[int], tokenizer: Tokenizer, max_tokens:
     got: list[int] = []
     done = threading.Event()
     errors: list[str] = []
+    first: list[float] = []
 
     def deliver(output) -> None:
+        if not first:
+            first.append(time.perf_counter())
         if output.error:
             errors.append(output.error)
         got.extend([output.token] if output.token is not None else [])
@@ -92,7 +102,8 @@ def run_one(engine: Engine, prompt: list[int], tokenizer: Tokenizer, max_tokens:
     seconds = time.perf_counter() - start
     if errors:
         raise UserError(f"the engine failed the request: {errors[0]}")
-    return Run(got, seconds, engine.steps - calls, engine.drafted - drafted, engine.accepted - accepted)
+    return Run(got, seconds, first[0] - start, engine.steps - calls, engine.drafted - drafted,
+               engine.accepted - accepted)
 
 
 def compare(model: GPT, tokenizer: Tokenizer, prompt: list[int], max_tokens: int, drafts: list[int], repeats: int,
@@ -104,9 +115,11 @@ def compare(model: GPT, tokenizer: Tokenizer, prompt: list[int], max_tokens: int
     if not all(engine.speculate for way, engine in engines.items() if way != "plain"):
         raise UserError("this model's cache cannot take guesses (a window's ring or a running state)")
     result, ways = Comparison({way: [] for way in engines}), list(engines)
+    for engine in engines.values():
+        engine.start()
     try:
         for engine in engines.values():
-            run_one(engine.start(), prompt, tokenizer, max_tokens)  # warm up
+            run_one(engine, prompt, tokenizer, max_tokens)  # warm up
         for i in range(repeats):
             for way in ways if i % 2 == 0 else ways[::-1]:
                 result.runs[way].append(run_one(engines[way], prompt, tokenizer, max_tokens))
@@ -124,8 +137,8 @@ def spread(values: list[float], digits: int = 0, suffix: str = "") -> str:
     return f"{f.format(statistics.median(values))} ({f.format(min(values))}-{f.format(max(values))})"
 
 
-COLUMNS = ["shape", "way", "tokens/s", "speed-up", "model calls", "guesses made", "guesses kept", "acceptance",
-           "same tokens"]
+COLUMNS = ["shape", "way", "tokens/s", "speed-up", "after 1st token", "model calls", "guesses made",
+           "guesses kept", "acceptance", "same tokens"]
 
 
 def rows(shape: str, result: Comparison, max_tokens: int) -> list[list[object]]:
@@ -134,7 +147,8 @@ def rows(shape: str, result: Comparison, max_tokens: int) -> list[list[object]]:
     for way, runs in result.runs.items():
         last = runs[-1]
         out.append([shape, way, spread([max_tokens / r.seconds for r in runs]),
-                    spread(result.speedups(way), 2, "x") if way != "plain" else "1x", last.calls, last.drafted,
+                    *([spread(result.speedups(way, d), 2, "x") for d in (False, True)] if way != "plain"
+                      else ["1x", "1x"]), last.calls, last.drafted,
                     last.accepted, f"{last.accepted / last.drafted:.0%}" if last.drafted else "-",
                     "yes" if result.identical(way) else "NO"])
     return out
@@ -173,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds, the two ways in turns")
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads")
+    parser.add_argument("--onednn", action="store_true",
+                        help="as the server does by default (serve's onednn=true): the large float32 Linears through "
+                        "oneDNN's packed weights in products of 8 rows or more (a check of 7 guesses or more)")
     parser.add_argument("--drafts", type=int, nargs="+", default=[4, 8],
                         help="guesses checked per step, each a way of its own (the engine's speculate=N)")
     args = parser.parse_args(argv)
@@ -190,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{shape}: skipped: {err}{f' ({err.hint})' if getattr(err, 'hint', None) else ''}")
             continue
         params = sum(p.numel() for p in model.parameters()) / 1e6
-        print(f"{shape}: {params:.1f}M parameters, {len(prompt)}-token prompt, {max_tokens} tokens generated")
+        packed = onednn_linears(model, ServeConfig.max_batch) if args.onednn else 0
+        print(f"{shape}: {params:.1f}M parameters, {len(prompt)}-token prompt, {max_tokens} tokens generated, "
+              f"{packed} Linears through oneDNN")
         table += rows(shape, compare(model, tokenizer, prompt, max_tokens, args.drafts, args.repeats), max_tokens)
     print(markdown_table(COLUMNS, table))
     print(f"# load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
