@@ -173,8 +173,12 @@ def shape_model(shape: str) -> tuple[GPT, Tokenizer, list[int], int]:
 def header(threads: int) -> str:
     """The run's date, commit, load average, torch and threads: the record a figure needs on a shared machine."""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
+        git = ["git", "-C", str(ROOT)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        if subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                          text=True).stdout.strip():
+            commit += " with uncommitted changes"
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -56,3 +56,8 @@ def test_different_tokens_are_reported_not_hidden():
 def test_bad_settings_are_one_error():
     with pytest.raises(bench.UserError, match="at least 1"):
         bench.main(["--drafts", "0", "--shapes", "small"])
+
+
+def test_the_header_records_commit_load_and_threads():
+    line = bench.header(3)
+    assert line.startswith("# ") and " UTC, commit " in line and "load average " in line and "3 thread(s)" in line
