@@ -127,7 +127,8 @@ def loopback_url(url: str, name: str = "url"):
 
 
 def stream_completion(url: str, body: dict, api_key: str | None = None, timeout: float = 120) -> Result:
-    """One streamed completion over HTTP (loopback only), timed."""
+    """One streamed completion over HTTP (loopback only), timed; its tokens from the usage chunk, or, from a server
+    that sends none, its streamed pieces that carry text."""
     parsed = loopback_url(url)
     path = parsed.path.rstrip("/").removesuffix("/v1") + "/v1/completions"
     result = Result(time.perf_counter())
@@ -137,6 +138,7 @@ def stream_completion(url: str, body: dict, api_key: str | None = None, timeout:
         conn.request("POST", path, json.dumps({**body, "stream": True,
                                                              "stream_options": {"include_usage": True}}), headers)
         response = conn.getresponse()
+        pieces: int | None = 0  # streamed pieces with text, until a usage chunk gives the tokens (None)
         if response.status != 200:
             result.error = f"HTTP {response.status}: {response.read()[:200]!r}"
             return result
@@ -147,11 +149,15 @@ def stream_completion(url: str, body: dict, api_key: str | None = None, timeout:
             if "error" in chunk:
                 result.error = chunk["error"]["message"]
             elif chunk.get("usage"):
-                result.tokens = chunk["usage"]["completion_tokens"]
+                result.tokens, pieces = chunk["usage"]["completion_tokens"], None
             else:
                 result.first = result.first or time.perf_counter()
-                result.text += "".join(choice.get("text", "") for choice in chunk.get("choices", []))
+                text = "".join(choice.get("text", "") for choice in chunk.get("choices", []))
+                result.text += text
+                pieces = pieces if pieces is None else pieces + bool(text)
         result.end = time.perf_counter()
+        if pieces is not None:  # no usage sent (llama-cpp-python's server): one streamed piece a token
+            result.tokens = pieces
     except (OSError, http.client.HTTPException, ValueError) as err:
         result.error = f"{type(err).__name__}: {err}"
     finally:

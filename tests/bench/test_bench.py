@@ -270,3 +270,42 @@ def test_bench_serve_refuses_bad_settings_before_running(override, message):
 
     with pytest.raises(ConfigError, match=message):
         BenchServeConfig(**override)
+
+
+@pytest.mark.parametrize("usage", [True, False], ids=["usage sent", "no usage (llama-cpp-python)"])
+def test_a_streamed_completion_counts_its_tokens_from_usage_or_else_its_pieces(usage):
+    """vLLM and ours end a stream with a usage chunk; llama-cpp-python's server sends none, one piece a token: the
+    load generator then counts the pieces that carry text, so a peer's tokens/s is not 0."""
+    import http.server
+    import json
+    import threading
+
+    from gpt.bench.serve import stream_completion
+
+    pieces = ["a", "b", "", "c"]  # an empty piece (a role or a finish chunk) is no token
+
+    class Streamer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunks = [{"choices": [{"text": p}]} for p in pieces]
+            chunks += [{"choices": [], "usage": {"completion_tokens": 7}}] if usage else []
+            for chunk in chunks:
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Streamer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = stream_completion(f"http://127.0.0.1:{server.server_port}/v1", {"prompt": "x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.error is None and result.text == "abc"
+    assert result.tokens == (7 if usage else 3)
