@@ -184,6 +184,47 @@ def run_inline(name: str, *args: str, env: dict[str, str] | None = None) -> subp
     return subprocess.CompletedProcess([name, *args], code, out.getvalue(), err.getvalue())
 
 
+def run_forked(
+    name: str, *args: str, env: dict[str, str] | None = None, timeout: int = 300,
+) -> subprocess.CompletedProcess:
+    """run_inline in a fork of this process: the script's work done apart (whatever it registers, compiles or
+    changes stays in the fork) without a new interpreter importing torch. For runs whose point is what the script
+    writes, not the process it is (its start-up, signals, exit): those are run_script's. One thread in the fork, as
+    in every process of ``make test`` (an OpenMP pool does not survive a fork)."""
+    if not _in_slow_test:
+        raise RuntimeError(f"run_forked({name!r}) starts a process: mark the test @pytest.mark.slow")
+    import json
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: never returns into pytest
+        payload = [1, "", "the forked run did not finish"]
+        try:
+            import faulthandler
+
+            import torch
+
+            os.close(read)
+            faulthandler.dump_traceback_later(timeout, exit=True)  # a hang: its stacks on stderr, then exit
+            torch.set_num_threads(1)
+            done = run_inline(name, *args, env=env)
+            payload = [done.returncode, done.stdout, done.stderr]
+        except BaseException:
+            import traceback
+
+            payload[2] = traceback.format_exc()
+        finally:
+            with open(write, "w") as pipe:
+                pipe.write(json.dumps(payload))
+            os._exit(0)
+    os.close(write)
+    with open(read) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    code, stdout, stderr = json.loads(text) if text else (1, "", f"the forked run stopped after {timeout} s")
+    return subprocess.CompletedProcess([name, *args], code, stdout, stderr)
+
+
 # A torchrun worker: arms a stack dump of every thread (then exit) for a worker still running after argv[1]
 # seconds, executes argv[2] (a fault to inject, or nothing), then runs the script argv[3] as __main__.
 TORCHRUN_WORKER = ("import faulthandler, runpy, sys; faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True); "
