@@ -185,12 +185,12 @@ def run_inline(name: str, *args: str, env: dict[str, str] | None = None) -> subp
 
 
 def run_forked(
-    name: str, *args: str, env: dict[str, str] | None = None, timeout: int = 300,
+    name: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300,
 ) -> subprocess.CompletedProcess:
-    """run_inline in a fork of this process: the script's work done apart (whatever it registers, compiles or
-    changes stays in the fork) without a new interpreter importing torch. For runs whose point is what the script
-    writes, not the process it is (its start-up, signals, exit): those are run_script's. One thread in the fork, as
-    in every process of ``make test`` (an OpenMP pool does not survive a fork)."""
+    """run_inline in a fork of this process, in ``cwd``: the script's work done apart (whatever it registers,
+    compiles or changes stays in the fork) without a new interpreter importing torch. For runs whose point is what
+    the script writes, not the process it is (its start-up, signals, exit): those are run_script's. One thread in
+    the fork, as in every process of ``make test`` (an OpenMP pool does not survive a fork)."""
     if not _in_slow_test:
         raise RuntimeError(f"run_forked({name!r}) starts a process: mark the test @pytest.mark.slow")
     import json
@@ -207,6 +207,7 @@ def run_forked(
             os.close(read)
             faulthandler.dump_traceback_later(timeout, exit=True)  # a hang: its stacks on stderr, then exit
             torch.set_num_threads(1)
+            os.chdir(cwd or ROOT)
             done = run_inline(name, *args, env=env)
             payload = [done.returncode, done.stdout, done.stderr]
         except BaseException:
