@@ -215,14 +215,17 @@ def run_forked(
 
             payload[2] = traceback.format_exc()
         finally:
-            with open(write, "w") as pipe:
-                pipe.write(json.dumps(payload))
-            os._exit(0)
+            try:
+                with open(write, "w") as pipe:
+                    pipe.write(json.dumps(payload))
+            finally:
+                os._exit(0)  # whatever happened: the fork never runs on into pytest
     os.close(write)
     with open(read) as pipe:
         text = pipe.read()
     os.waitpid(pid, 0)
-    code, stdout, stderr = json.loads(text) if text else (1, "", f"the forked run stopped after {timeout} s")
+    code, stdout, stderr = json.loads(text) if text else (
+        1, "", f"the forked run ended without a result (killed, or stopped after {timeout} s: its stacks above)")
     return subprocess.CompletedProcess([name, *args], code, stdout, stderr)
 
 
