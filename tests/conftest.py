@@ -184,6 +184,51 @@ def run_inline(name: str, *args: str, env: dict[str, str] | None = None) -> subp
     return subprocess.CompletedProcess([name, *args], code, out.getvalue(), err.getvalue())
 
 
+def run_forked(
+    name: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300,
+) -> subprocess.CompletedProcess:
+    """run_inline in a fork of this process, in ``cwd``: the script's work done apart (whatever it registers,
+    compiles or changes stays in the fork) without a new interpreter importing torch. For runs whose point is what
+    the script writes, not the process it is (its start-up, signals, exit): those are run_script's. One thread in
+    the fork, as in every process of ``make test`` (an OpenMP pool does not survive a fork)."""
+    if not _in_slow_test:
+        raise RuntimeError(f"run_forked({name!r}) starts a process: mark the test @pytest.mark.slow")
+    import json
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: never returns into pytest
+        payload = [1, "", "the forked run did not finish"]
+        try:
+            import faulthandler
+
+            import torch
+
+            os.close(read)
+            faulthandler.dump_traceback_later(timeout, exit=True)  # a hang: its stacks on stderr, then exit
+            torch.set_num_threads(1)
+            os.chdir(cwd or ROOT)
+            done = run_inline(name, *args, env=env)
+            payload = [done.returncode, done.stdout, done.stderr]
+        except BaseException:
+            import traceback
+
+            payload[2] = traceback.format_exc()
+        finally:
+            try:
+                with open(write, "w") as pipe:
+                    pipe.write(json.dumps(payload))
+            finally:
+                os._exit(0)  # whatever happened: the fork never runs on into pytest
+    os.close(write)
+    with open(read) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    code, stdout, stderr = json.loads(text) if text else (
+        1, "", f"the forked run ended without a result (killed, or stopped after {timeout} s: its stacks above)")
+    return subprocess.CompletedProcess([name, *args], code, stdout, stderr)
+
+
 # A torchrun worker: arms a stack dump of every thread (then exit) for a worker still running after argv[1]
 # seconds, executes argv[2] (a fault to inject, or nothing), then runs the script argv[3] as __main__.
 TORCHRUN_WORKER = ("import faulthandler, runpy, sys; faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True); "
@@ -201,15 +246,36 @@ def torchrun(script: Path, *args: str, cwd: Path, fault: str = "", timeout: int 
 
     A worker that hangs prints every thread's stack and exits after timeout - 60 s, so a failure says where it
     stopped; the launcher is stopped at ``timeout`` with the output's tail in the failure."""
+    return _launch([TORCHRUN_WORKER, str(timeout - 60), fault, str(script), *args], cwd, timeout)
+
+
+# A torchrun worker that runs the script argv[2]'s main() on each command line of the JSON list argv[3] in turn, in
+# one process group (gpt.train.distributed joins it once per process), with argv[1]'s stack dump armed.
+TORCHRUN_RUNS_WORKER = ("import faulthandler, json, runpy, sys; faulthandler.dump_traceback_later(float(sys.argv[1]), "
+                        "exit=True); from gpt.train.distributed import run_worker; "
+                        "main = runpy.run_path(sys.argv[2], run_name='torchrun_runs')['main']; "
+                        "run_worker(lambda: [main(args) for args in json.loads(sys.argv[3])])")
+
+
+def torchrun_runs(script: Path, *runs: list[str], cwd: Path, timeout: int = 280) -> subprocess.CompletedProcess:
+    """Each of ``runs`` (a command line of ``script``) in turn, in one launch of 2 gloo processes under torchrun
+    (as torchrun() runs one): for runs whose point is what they compute, not a start of their own. The first that
+    fails ends the launch with its exit status."""
+    import json
+
+    return _launch([TORCHRUN_RUNS_WORKER, str(timeout - 60), str(script), json.dumps(runs)], cwd, timeout)
+
+
+def _launch(worker: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    """torchrun of 2 processes, one thread each, each running ``python -c`` on ``worker``, stopped at ``timeout``."""
     if not _in_slow_test:
         raise RuntimeError("torchrun() starts processes: mark the test @pytest.mark.slow")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-              f"--master_port={free_port()}", "--no-python", sys.executable, "-c", TORCHRUN_WORKER,
-              str(timeout - 60), fault, str(script)]
+              f"--master_port={free_port()}", "--no-python", sys.executable, "-c", *worker]
     try:
-        return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(launch, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
         out = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
         pytest.fail(f"torchrun still running after {timeout} s; its output ends:\n{out[-4000:]}")

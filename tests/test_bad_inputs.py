@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_inline, run_script, write_corpus
+from conftest import run_forked, run_inline, run_script, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def existing(tmp_path_factory):
     (root / "not_a_dir").write_text("a file")
     run = root / "run"
     data = [f"data.path={corpus}", f"data.root={root / 'data'}"]
-    result = run_script("train", *TINY, "data=text", *data, f"out_dir={run}")
+    result = run_forked("train", *TINY, "data=text", *data, f"out_dir={run}")  # the run, not its process, is the point
     assert result.returncode == 0, result.stderr
     return root, run, data
 
@@ -135,6 +135,6 @@ def test_generate_refuses_bad_settings(existing, args, message):
 
 def test_the_existing_run_still_resumes_after_all_that(existing):
     root, run, data = existing
-    result = run_script("train", *TINY, "train.max_iters=6", "data=text", *data, f"out_dir={run}", "resume=true")
+    result = run_forked("train", *TINY, "train.max_iters=6", "data=text", *data, f"out_dir={run}", "resume=true")
     assert result.returncode == 0, result.stderr
     assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 6

@@ -1,9 +1,10 @@
-"""Through the real scripts, as a user runs them: prepare, train a tiny model, sample from it."""
+"""Through the real scripts, as a user runs them: prepare, train a tiny model, sample from it. (The runs that only
+compare what a script writes with another setting run in a fork of the test: conftest.run_forked.)"""
 
 import pytest
 import torch
 
-from conftest import run_inline, run_script, write_corpus
+from conftest import run_forked, run_inline, run_script, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +55,14 @@ def test_generate_samples_and_another_kernel_gives_the_same_text(trained):
     _, run_dir, _ = trained
     common = [f"ckpt={run_dir}", "prompt=def f1", "max_new_tokens=40", "temperature=0", "device=cpu"]
     sdpa = run_script("generate", *common)
-    manual = run_script("generate", *common, "attention=manual")
+    manual = run_forked("generate", *common, "attention=manual")
     assert sdpa.returncode == 0, sdpa.stderr
     assert sdpa.stdout.startswith("def f1") and len(sdpa.stdout) > 40
     assert manual.stdout == sdpa.stdout
-    flex = run_script("generate", *common, "attention=flex")  # flex samples on CPU (no backward needed)
+    flex = run_forked("generate", *common, "attention=flex")  # flex samples on CPU (no backward needed)
     assert flex.returncode == 0, flex.stderr
     assert flex.stdout == sdpa.stdout
-    sampled = run_script("generate", f"ckpt={run_dir}", "num_samples=2", "max_new_tokens=10", "seed=3", "top_k=5")
+    sampled = run_forked("generate", f"ckpt={run_dir}", "num_samples=2", "max_new_tokens=10", "seed=3", "top_k=5")
     assert sampled.returncode == 0 and sampled.stdout.count("-" * 40) == 1
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_script, save_char_model, write_corpus
+from conftest import ROOT, run_inline, run_script, save_char_model, write_corpus
 from gpt.data.config import DataConfig
 from gpt.data.prepare import prepare
 
@@ -50,7 +50,8 @@ def test_damaged_prepared_data_is_refused_with_a_rebuild_hint(tmp_path, script, 
     spoil(data)
     before = snapshot(tmp_path)
     args = ["data=text", f"data.path={corpus}", f"data.root={tmp_path / 'data'}"]
-    result = run_script(script, *args, *(TINY + [f"out_dir={tmp_path / 'run'}"] if script == "train" else []))
+    run_as = run_script if script == "prepare" else run_inline  # one as a real process (train's: test_bad_inputs)
+    result = run_as(script, *args, *(TINY + [f"out_dir={tmp_path / 'run'}"] if script == "train" else []))
     refused(result, str(data), named)
     assert "hint:" in result.stderr and "data.rebuild=true" in result.stderr
     assert all(snapshot(tmp_path).get(path) == digest for path, digest in before.items())
@@ -70,12 +71,12 @@ def test_bad_model_files_are_refused(tmp_path, case):
     elif case == "init_path garbage":
         corpus = write_corpus(tmp_path / "corpus")
         before = snapshot(tmp_path)
-        result = run_script("train", *TINY, "data=text", f"data.path={corpus}", f"data.root={tmp_path / 'data'}",
+        result = run_inline("train", *TINY, "data=text", f"data.path={corpus}", f"data.root={tmp_path / 'data'}",
                             "init_from=gpt2", f"init_path={tmp_path / 'garbage.safetensors'}",
                             f"out_dir={tmp_path / 'run'}")
         named = "garbage.safetensors is not a readable .safetensors file"
     else:
-        result = run_script("export", f"ckpt={tmp_path / 'bad.pt'}", f"out={tmp_path / 'out'}")
+        result = run_inline("export", f"ckpt={tmp_path / 'bad.pt'}", f"out={tmp_path / 'out'}")  # a process: above
         named = "the model entry is not a dict"
     refused(result, named)
     assert all(snapshot(tmp_path).get(path) == digest for path, digest in before.items())

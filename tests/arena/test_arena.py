@@ -15,7 +15,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from conftest import ROOT, run_script
+from conftest import ROOT, run_forked, run_script
 from gpt import GPT, GPTConfig
 from gpt.arena import runs as arena_runs
 from gpt.arena.arena import (
@@ -306,8 +306,8 @@ def test_quick_arena_with_three_seeds_of_three_designs_reports_means_stds_and_p_
     for picture in ("arena_loss.png", "arena_attention.png"):
         assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    # one seed again, alone, in another folder: the same numbers, bit for bit
-    again = run_script("arena", *FAST, "seed=1338", "arena.variants=[rope]", f"out_dir={tmp_path / 'again'}",
+    # one seed again, alone, in another folder: the same numbers, bit for bit (in a fork: one thread, as above)
+    again = run_forked("arena", *FAST, "seed=1338", "arena.variants=[rope]", f"out_dir={tmp_path / 'again'}",
                        *data_args, timeout=300, env=ONE_THREAD)
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = per_seed(tmp_path / "again")["rope", "1338"]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import run_script
+from conftest import run_forked
 from gpt.arena.time_to_loss import medians, reached, rows
 
 
@@ -40,9 +40,10 @@ def test_the_script_trains_each_recipe_and_continues_an_interrupted_benchmark(tm
                                                           "train.batch_size=8", "train.warmup_iters=5",
                                                           "train.eval_iters=2", "train.sample_tokens=0",
                                                           *data_args]) + "]"]
-    first = run_script("time_to_loss", "recipes=[gpt2]", *args[1:], timeout=600)  # stopped after one run ...
+    # the script's main() in forks (its processes: test_hostile_runs); it starts each training as a process
+    first = run_forked("time_to_loss", "recipes=[gpt2]", *args[1:], timeout=600)  # stopped after one run ...
     assert first.returncode == 0, first.stderr[-3000:]
-    result = run_script("time_to_loss", *args, timeout=600)  # ... continued: the finished run is read back
+    result = run_forked("time_to_loss", *args, timeout=600)  # ... continued: the finished run is read back
     assert result.returncode == 0, result.stderr[-3000:]
     assert "gpt2-seed1: done before" in result.stdout and "modern-seed1: training" in result.stdout
     with open(out / "time_to_loss.csv") as f:

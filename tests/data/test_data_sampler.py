@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import run_forked
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
@@ -94,7 +94,7 @@ def test_epoch_sampling_resumes_bitwise_in_a_real_run(text_dir, tmp_path):
     env = {"OMP_NUM_THREADS": "1"}
     for args in (["train.max_iters=8", f"out_dir={tmp_path / 'a'}"], ["train.max_iters=4", f"out_dir={tmp_path / 'b'}"],
                  ["train.max_iters=8", f"out_dir={tmp_path / 'b'}", "resume=true"]):
-        result = run_script("train", *run, *args, env=env)
+        result = run_forked("train", *run, *args, env=env)  # the script's main(), each apart in a fork of this one
         assert result.returncode == 0, result.stderr[-2000:]
     a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True) for d in ("a", "b"))
     assert a["data"] == b["data"] and a["data"]["kind"] == "epoch" and a["data"]["position"] == 8 * 8

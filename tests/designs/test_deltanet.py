@@ -112,11 +112,11 @@ def test_a_bad_chunk_on_the_command_line_is_one_error_line(tmp_path):
 @pytest.mark.slow
 def test_the_built_in_designs_commands_of_the_docs_run_as_written(tmp_path, data_args):
     """docs/designs.md's "bash built-in" block: each train command (on the test corpus, fewer steps) and the
-    generation from its run."""
+    generation from its run, each in a fork of the test (what they write is the point, not their processes)."""
     import re
     import shlex
 
-    from conftest import ROOT, run_script
+    from conftest import ROOT, run_forked
 
     text = (ROOT / "docs" / "designs.md").read_text()
     lines = re.search(r"^```bash built-in\n(.*?)^```$", text, flags=re.S | re.M).group(1).strip().splitlines()
@@ -126,7 +126,7 @@ def test_the_built_in_designs_commands_of_the_docs_run_as_written(tmp_path, data
         name = script.removeprefix("scripts/").removesuffix(".py")
         extra = ["device=cpu", *(["train.max_iters=4", "train.eval_iters=1", "train.batch_size=4", *data_args]
                                  if name == "train" else [])]
-        result = run_script(name, *args, *extra, cwd=tmp_path, timeout=600)
+        result = run_forked(name, *args, *extra, cwd=tmp_path, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
     assert result.stdout.strip()  # generated text
 

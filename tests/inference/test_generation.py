@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_script, save_char_model
+from conftest import run_forked, run_script, save_char_model
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
 from gpt.inference.decoding import filter_logits, generate, sample_next
@@ -148,8 +148,8 @@ def test_generate_script_prompt_sources_and_long_prompt(checkpoint_dir, tmp_path
 
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("abc\n" * 5)  # 20 characters, longer than block_size 8
-    from_file = run_script("generate", f"ckpt={checkpoint_dir}", f"prompt_file={prompt}", "max_new_tokens=5",
-                           "temperature=0")
+    from_file = run_forked("generate", f"ckpt={checkpoint_dir}", f"prompt_file={prompt}", "max_new_tokens=5",
+                           "temperature=0")  # a process: from_stdin's
     assert from_file.returncode == 0, from_file.stderr
     assert "keeping its last 8" in from_file.stderr and "Traceback" not in from_file.stderr
     assert from_file.stdout.startswith("abc\nabc\n") and len(from_file.stdout) == 8 + 5 + 1  # last 8, 5 new, newline
@@ -162,10 +162,10 @@ def test_interactive_loop_and_stop_strings(checkpoint_dir):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("prompt> ") == 3 and "\nab" not in result.stdout.split("prompt> ")[0]
     assert result.stdout.split("prompt> ")[1].startswith("ab") and result.stdout.split("prompt> ")[2].startswith("c(")
-    full = run_script("generate", f"ckpt={checkpoint_dir}", "prompt=ab", "max_new_tokens=30", "temperature=0")
+    full = run_forked("generate", f"ckpt={checkpoint_dir}", "prompt=ab", "max_new_tokens=30", "temperature=0")
     generated = full.stdout[2:-1]
     stop = generated[3:5]
-    cut = run_script("generate", f"ckpt={checkpoint_dir}", "prompt=ab", "max_new_tokens=30", "temperature=0",
+    cut = run_forked("generate", f"ckpt={checkpoint_dir}", "prompt=ab", "max_new_tokens=30", "temperature=0",
                      f"stop=[{stop.replace(chr(10), chr(92) + 'n')!r}]".replace("'", '"'))
     assert cut.returncode == 0, cut.stderr
     assert cut.stdout == "ab" + generated[: generated.index(stop)] + "\n"

@@ -167,14 +167,14 @@ def trained_run(name: str, folder) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TRAINED)
 def test_transformers_greedy_text_of_a_trained_layout_equals_generate_py(name, tmp_path):
-    from conftest import run_script
+    from conftest import run_forked
     from tests.train.test_layout_training import transformers_greedy_text
 
     trained_run(name, tmp_path / "run")
-    export = run_script("export", f"ckpt={tmp_path / 'run'}", f"out={tmp_path / 'hf'}")
+    export = run_forked("export", f"ckpt={tmp_path / 'run'}", f"out={tmp_path / 'hf'}")
     assert export.returncode == 0, export.stderr
     assert ("GPTNeoForCausalLM" if name == "GPT-Neo" else "remote code") in export.stdout
-    ours = run_script("generate", f"ckpt={tmp_path / 'run'}", "temperature=0", "max_new_tokens=25", "prompt=def",
+    ours = run_forked("generate", f"ckpt={tmp_path / 'run'}", "temperature=0", "max_new_tokens=25", "prompt=def",
                       "device=cpu")
     assert ours.returncode == 0, ours.stderr
     assert len(set(ours.stdout[3:])) > 4, f"a degenerate continuation would prove little: {ours.stdout!r}"

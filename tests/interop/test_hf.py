@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import needs_gpt2, run_inline, run_script
+from conftest import needs_gpt2, run_forked, run_inline, run_script
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
 from gpt.inference.decoding import generate
@@ -322,7 +322,7 @@ def test_export_script_refusals_are_one_line(tmp_path):
     assert exported.returncode == 0 and "remote code: modeling_gpt_attention.py" in exported.stdout, exported.stderr
     again = run_inline("export", f"ckpt={run}", "format=native")
     assert again.returncode == 2 and "already holds an export" in again.stderr and "Traceback" not in again.stderr
-    native = run_script("export", f"ckpt={run}", "format=native", "overwrite=true")
+    native = run_forked("export", f"ckpt={run}", "format=native", "overwrite=true")  # the first: a process
     assert native.returncode == 0 and not (run / "export" / "modeling_gpt_attention.py").exists(), native.stderr
     bad = run_inline("export", f"ckpt={run}", "format=onnx", "overwrite=true")
     assert bad.returncode == 2 and "format must be one of hf, native" in bad.stderr and "Traceback" not in bad.stderr

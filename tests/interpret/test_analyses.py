@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import perturbed_model, run_script
+from conftest import perturbed_model, run_inline, run_script
 from gpt.errors import UserError
 from gpt.interpret import hooks, run_with_cache
 from gpt.interpret.heads import (
@@ -268,8 +268,9 @@ def checkpoint_dir(tmp_path_factory):
     return folder / "m.pt"
 
 
-def interpret(*args: str) -> subprocess.CompletedProcess:
-    return run_script("interpret", *args, "device=cpu")
+def interpret(*args: str, inline: bool = False) -> subprocess.CompletedProcess:
+    """scripts/interpret.py on ``args``: a process, or its main() in this one (``inline``, for a refusal)."""
+    return (run_inline if inline else run_script)("interpret", *args, "device=cpu")
 
 
 @pytest.mark.slow
@@ -286,7 +287,9 @@ def test_the_script_writes_json_and_png_and_refuses_bad_input_in_one_line(checkp
                           (["analysis=curve"], "has none"),  # a checkpoint's folder without a run's events
                           (["analysis=ablation", "ablate_with=median"], "not one of zero, mean"),
                           (["analysis=nope"], "not one of heads, lens")]:
-        done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args)
+        # The first refusal as a user meets it, in a process; the others in this one (same main(), no start-up).
+        inline = message != "same length"
+        done = interpret(f"ckpt={checkpoint_dir}", f"out={tmp_path / 'bad'}", *args, inline=inline)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()
 

@@ -1,6 +1,7 @@
 """docs/interpret.md's experiment runs as written, in quick form (the test corpus, a few steps): the training
 commands with train.heads=true log the head scores at each evaluation and train the same numbers as without, and
-the analysis command writes its JSON and picture."""
+the analysis command writes its JSON and picture. Each command runs in a fork of the test (conftest.run_forked):
+what it checks is what the commands write, and tests/test_e2e.py runs the scripts as processes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shlex
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import ROOT, run_forked
 
 DOC = ROOT / "docs" / "interpret.md"
 FAST = ["device=cpu", "train.max_iters=20", "train.eval_interval=10", "train.eval_iters=2", "train.batch_size=4",
@@ -27,7 +28,7 @@ def test_the_experiment_runs_as_written(tmp_path, data_args):
     lines = commands()
     if lines[0][:2] == ["python", "scripts/train_tokenizer.py"]:  # the tokenizer the model is trained with first
         tokenizer, lines = lines[0], lines[1:]
-        result = run_script("train_tokenizer", *tokenizer[2:], *data_args, "evaluate=false", cwd=tmp_path,
+        result = run_forked("train_tokenizer", *tokenizer[2:], *data_args, "evaluate=false", cwd=tmp_path,
                             timeout=600)
         assert result.returncode == 0, f"{tokenizer}\n{result.stderr[-3000:]}"
     scripts = [line[:2] for line in lines]
@@ -37,7 +38,7 @@ def test_the_experiment_runs_as_written(tmp_path, data_args):
         name = line[1].removeprefix("scripts/").removesuffix(".py")
         extra = [*FAST, *data_args] if name == "train" else ["device=cpu", "batch=2", "prompt=def_f0_1"]  # the
         # test corpus's characters
-        result = run_script(name, *line[2:], *extra, cwd=tmp_path, timeout=600)
+        result = run_forked(name, *line[2:], *extra, cwd=tmp_path, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
     run = tmp_path / option(lines[0], "out_dir")
     log = (run / "train.log").read_text()
@@ -47,7 +48,7 @@ def test_the_experiment_runs_as_written(tmp_path, data_args):
     assert set(result["scores"]) == {"previous_token", "duplicate_token", "induction"}
     assert (analyses["heads"] / "heads.png").read_bytes()[:4] == b"\x89PNG"
     assert (analyses["ablation"] / "ablation.json").is_file()
-    without = run_script("train", *lines[0][2:], *FAST, *data_args, "train.heads=false", "out_dir=runs/plain",
+    without = run_forked("train", *lines[0][2:], *FAST, *data_args, "train.heads=false", "out_dir=runs/plain",
                          cwd=tmp_path, timeout=600)
     assert without.returncode == 0, without.stderr[-3000:]
     summaries = [json.loads((path / "summary.json").read_text()) for path in (tmp_path / "runs/plain", run)]

@@ -18,7 +18,7 @@ import torch
 openai = pytest.importorskip("openai", reason="the serve extra is not installed (pip install -e '.[serve]')")
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
-from conftest import ROOT, needs_gpt2, run_script  # noqa: E402
+from conftest import ROOT, needs_gpt2, run_forked  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
 from gpt.device import DeviceConfig  # noqa: E402
 from gpt.inference.chat_template import Renderer  # noqa: E402
@@ -388,7 +388,8 @@ def model_calls(url: str, model: str) -> int:
 @pytest.mark.slow
 def test_serve_script_gives_generate_scripts_text_and_serves_sixteen_clients(tmp_path):
     """scripts/serve.py in its own process: generate.py's text through the openai client; the load generator of
-    scripts/bench_serve.py, bounded (19 requests, 120 s at most), on loopback: one client, then 16 at once."""
+    scripts/bench_serve.py, bounded (19 requests, 120 s at most), on loopback: one client, then 16 at once. (The
+    generate run and the second server refused its port run in forks of this process: conftest.run_forked.)"""
     from gpt.bench.serve import load, start_server, summary
 
     path = save(tmp_path / "m.pt", DESIGNS["small"], 0)
@@ -397,7 +398,7 @@ def test_serve_script_gives_generate_scripts_text_and_serves_sixteen_clients(tmp
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         text = client.completions.create(model=str(path), prompt="def f(x):", max_tokens=40, temperature=0.8,
                                          seed=1337, extra_body={"top_k": 200}).choices[0].text
-        script = run_script("generate", f"ckpt={path}", 'prompt="def f(x):"', "max_new_tokens=40", "device=cpu")
+        script = run_forked("generate", f"ckpt={path}", 'prompt="def f(x):"', "max_new_tokens=40", "device=cpu")
         assert script.returncode == 0 and script.stdout == "def f(x):" + text + "\n"
         body = {"prompt": "def f(x):", "max_tokens": 24, "temperature": 0.8}
         one = summary(load(url, str(path), clients=1, requests=3, seconds=120, body=body))
@@ -408,7 +409,7 @@ def test_serve_script_gives_generate_scripts_text_and_serves_sixteen_clients(tmp
         # decoded together: 16 x 24 tokens in a few dozen model calls (one at a time would take 384); the speed-up
         # itself is timed by scripts/bench_serve.py (docs/serving.md), only its direction here (a shared machine)
         assert calls < 16 * 24 / 4 and many["tokens_per_s"] > one["tokens_per_s"], (calls, one, many)
-        busy = run_script("serve", f"ckpt={path}", f"port={url.rsplit(':', 1)[1]}", "device=cpu")  # port taken
+        busy = run_forked("serve", f"ckpt={path}", f"port={url.rsplit(':', 1)[1]}", "device=cpu")  # port taken
         assert busy.returncode == 2 and "cannot listen on 127.0.0.1" in busy.stderr and "Traceback" not in busy.stderr
     finally:
         process.send_signal(2)  # Ctrl-C

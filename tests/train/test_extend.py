@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_inline, run_script, write_corpus
+from conftest import run_forked, run_inline, write_corpus
 from gpt.data.config import DataConfig
 from gpt.data.loader import TokenData
 from gpt.data.prepare import prepare
@@ -90,13 +90,14 @@ def test_a_block_size_the_data_cannot_fill_is_refused(base, tmp_path):
 @pytest.mark.slow
 def test_the_recipe_trains_at_32_then_extends_to_128_with_yarn(base, tmp_path):
     """Train a RoPE model at 32, extend to 128 with YaRN for a few steps: it runs on 128-token windows, its loss
-    is finite, its checkpoint holds the new context and scaling, and its loss by position reaches past 32."""
+    is finite, its checkpoint holds the new context and scaling, and its loss by position reaches past 32. (Both
+    runs in forks of the test: what they train is the point, not their processes.)"""
     data, _ = base
     short = ["model=tiny", "model.designs=[rope]", "train.eval_iters=1", "train.sample_tokens=0",
              "train.batch_size=4", *data]
-    first = run_script("train", *short, "train.max_iters=4", "train.eval_interval=4", f"out_dir={tmp_path / 'base'}")
+    first = run_forked("train", *short, "train.max_iters=4", "train.eval_interval=4", f"out_dir={tmp_path / 'base'}")
     assert first.returncode == 0, first.stderr
-    second = run_script("train", *short, "train.max_iters=3", "train.eval_interval=3", "model.block_size=128", YARN,
+    second = run_forked("train", *short, "train.max_iters=3", "train.eval_interval=3", "model.block_size=128", YARN,
                         f"init_from={tmp_path / 'base'}", f"out_dir={tmp_path / 'long'}")
     assert second.returncode == 0, second.stderr
     said = second.stdout + second.stderr

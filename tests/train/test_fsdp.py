@@ -31,6 +31,13 @@ def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
+def torchrun_runs(*runs: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Several runs in turn in one torchrun launch (conftest.torchrun_runs), each with RUN's settings."""
+    result = conftest.torchrun_runs(SCRIPT, *([*RUN, *args] for args in runs), cwd=cwd)
+    assert result.returncode == 0, conftest.failure_output(result)
+    return result
+
+
 def losses(run_dir: Path) -> list[float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -74,13 +81,15 @@ def fsdp_run(data_args, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_fsdp_matches_ddp_combines_with_checkpointing_and_reads_ddp_checkpoints(data_args, fsdp_run, tmp_path):
-    run = lambda name, *args: torchrun(*data_args, f"out_dir={tmp_path / name}", *args, cwd=tmp_path)  # noqa: E731
-    run("ddp", "train.max_iters=6")
-    run("fsdp_ac", "train.max_iters=6", "train.fsdp=true", "train.activation_checkpointing=true")
-    run("ddp_then_fsdp", "train.max_iters=3")
-    run("ddp_then_fsdp", "train.max_iters=6", "train.fsdp=true", "resume=true")
-    run("fsdp_then_ddp", "train.max_iters=3", "train.fsdp=true")
-    run("fsdp_then_ddp", "train.max_iters=6", "resume=true")  # DCP reshards the saved shards into whole tensors
+    run = lambda name, *args: [*data_args, f"out_dir={tmp_path / name}", *args]  # noqa: E731
+    # the straight runs in one launch, then the resumes in another (a new start reads each checkpoint back)
+    torchrun_runs(run("ddp", "train.max_iters=6"),
+                  run("fsdp_ac", "train.max_iters=6", "train.fsdp=true", "train.activation_checkpointing=true"),
+                  run("ddp_then_fsdp", "train.max_iters=3"),
+                  run("fsdp_then_ddp", "train.max_iters=3", "train.fsdp=true"), cwd=tmp_path)
+    torchrun_runs(run("ddp_then_fsdp", "train.max_iters=6", "train.fsdp=true", "resume=true"),
+                  run("fsdp_then_ddp", "train.max_iters=6", "resume=true"),  # DCP reshards the saved shards
+                  cwd=tmp_path)
 
     ddp, fsdp = losses(tmp_path / "ddp"), losses(fsdp_run)
     assert len(ddp) == 6 and fsdp == pytest.approx(ddp, rel=0, abs=1e-5)

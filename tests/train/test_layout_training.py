@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import run_script, train_stop_and_resume
+from conftest import run_forked, train_stop_and_resume
 from gpt.model.kv_cache import KVCache
 from gpt.weights.load import load
 
@@ -35,7 +35,7 @@ def test_a_layout_trains_resumes_bit_for_bit_and_decodes_as_the_full_forward(nam
     for key, value in straight.items():
         assert torch.equal(resumed[key], value), key
     run = tmp_path / "straight"
-    texts = [run_script("generate", f"ckpt={run}", "temperature=0", "max_new_tokens=40", "prompt=def",
+    texts = [run_forked("generate", f"ckpt={run}", "temperature=0", "max_new_tokens=40", "prompt=def",
                         f"kv_cache={cached}", "device=cpu") for cached in ("true", "false")]
     assert texts[0].returncode == 0, texts[0].stderr
     assert texts[0].stdout == texts[1].stdout and len(texts[0].stdout) > 40
@@ -46,7 +46,7 @@ def test_a_layout_trains_resumes_bit_for_bit_and_decodes_as_the_full_forward(nam
         steps = [model(idx[:, :3], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
                                                          for t in range(3, idx.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    export = run_script("export", f"ckpt={run}", f"out={tmp_path / 'hf'}", "format=hf")
+    export = run_forked("export", f"ckpt={run}", f"out={tmp_path / 'hf'}", "format=hf")
     assert export.returncode == 0, export.stderr
     assert ARCHITECTURE.get(name, "remote code") in export.stdout
     assert transformers_greedy_text(tmp_path / "hf", "def", 25) == texts[0].stdout[:3 + 25]

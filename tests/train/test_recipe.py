@@ -18,7 +18,7 @@ from test_fsdp import KILL_BEFORE_COMMIT_AT_STEP_6, full_state, losses
 from test_training import assert_same, env, final_state, load, start, wait_for
 
 import conftest
-from conftest import ROOT
+from conftest import ROOT, run_forked, run_inline
 from gpt.errors import UserError
 from gpt.train import decay
 from gpt.train.config import RunConfig, TrainConfig
@@ -66,11 +66,15 @@ def test_decaying_from_a_kept_stable_checkpoint_ends_as_the_straight_wsd_run(dat
     assert args[:2] == ["python", "scripts/train.py"] and f"decay_from={kept / 'step-00000012.pt'}" in args
     assert not any(a.startswith(("train.max_iters=", "train.keep_checkpoints=")) for a in args)
 
-    decayed = train(*data_args, f"decay_from={kept / 'step-00000008.pt'}", f"out_dir={tmp_path / 'decayed'}")
+    # the decayed and the straight run, which compare bit for bit, each in a fork of this process (one thread each)
+    decayed = run_forked("train", *MODERN, *data_args, f"decay_from={kept / 'step-00000008.pt'}",
+                         f"out_dir={tmp_path / 'decayed'}")
+    assert decayed.returncode == 0, decayed.stderr[-3000:]
     length = decayed_length(8, 0.25)  # 10: round(0.25 * 10) = 2 decaying steps after step 8
     assert f"train.max_iters={length}" in decayed.stdout
     assert f"decaying from {kept / 'step-00000008.pt'} at step 8" in decayed.stdout
-    train(*data_args, f"train.max_iters={length}", f"out_dir={tmp_path / 'straight'}")
+    straight = run_forked("train", *MODERN, *data_args, f"train.max_iters={length}", f"out_dir={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.stderr[-3000:]
     ours, straight = load(tmp_path / "decayed"), load(tmp_path / "straight")
     assert ours["step"] == straight["step"] == length
     assert abs(ours["eval"]["val"] - straight["eval"]["val"]) <= 0.01
@@ -79,9 +83,7 @@ def test_decaying_from_a_kept_stable_checkpoint_ends_as_the_straight_wsd_run(dat
 
     # refusals: one line, exit 2, nothing written
     first = kept / "step-00000000.pt"
-    refused = subprocess.run([sys.executable, str(SCRIPT), *MODERN, *data_args, f"decay_from={first}",
-                              f"out_dir={tmp_path / 'refused'}"], cwd=ROOT, env=env(), capture_output=True, text=True,
-                             timeout=300)
+    refused = run_inline("train", *MODERN, *data_args, f"decay_from={first}", f"out_dir={tmp_path / 'refused'}")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert refused.stderr.startswith(f"error: {first} was saved at step 0, inside the warmup (train.warmup_iters=2)")
     assert not (tmp_path / "refused").exists()
@@ -107,9 +109,16 @@ def torchrun(*args: str, cwd: Path, fault: str = "") -> subprocess.CompletedProc
     return result
 
 
+def torchrun_runs(*runs: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Several runs in turn in one torchrun launch (conftest.torchrun_runs), each with FSDP_MODERN's settings."""
+    result = conftest.torchrun_runs(SCRIPT, *([*FSDP_MODERN, *args] for args in runs), cwd=cwd)
+    assert result.returncode == 0, conftest.failure_output(result)
+    return result
+
+
 def test_distributed_muon_under_fsdp_matches_ddp_and_resumes_bit_for_bit_after_sigkill(data_args, tmp_path):
-    torchrun(*data_args, f"out_dir={tmp_path / 'ddp'}", cwd=tmp_path)
-    torchrun(*data_args, f"out_dir={tmp_path / 'fsdp'}", "train.fsdp=true", cwd=tmp_path)
+    torchrun_runs([*data_args, f"out_dir={tmp_path / 'ddp'}"],  # the two straight runs in one launch
+                  [*data_args, f"out_dir={tmp_path / 'fsdp'}", "train.fsdp=true"], cwd=tmp_path)
     run_dir = tmp_path / "run"
     killed = torchrun(*data_args, f"out_dir={run_dir}", "train.fsdp=true", cwd=tmp_path,
                       fault=KILL_BEFORE_COMMIT_AT_STEP_6)

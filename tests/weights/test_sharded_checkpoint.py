@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import ROOT, dotted_global_pickle, failure_output, run_script
+from conftest import ROOT, dotted_global_pickle, failure_output, run_forked
 from gpt import GPT, GPTConfig
 from gpt.errors import UserError
 from gpt.tokenizers.tokenizer import CharTokenizer
@@ -205,10 +205,10 @@ def test_every_script_refuses_a_hostile_sharded_checkpoint_in_one_line(hostile, 
     if door == "consolidate":
         result = subprocess.run([sys.executable, "-m", "gpt.consolidate", str(run_dir)], cwd=ROOT,
                                 capture_output=True, text=True, timeout=120)
-    elif door == "generate":
-        result = run_script("generate", f"ckpt={run_dir / sharded.ROOT}", "device=cpu")
+    elif door == "generate":  # the scripts' doors in forks: apart from this process, without a start-up
+        result = run_forked("generate", f"ckpt={run_dir / sharded.ROOT}", "device=cpu")
     else:
-        result = run_script("train", "model=tiny", f"out_dir={run_dir}", "resume=true", "device=cpu",
+        result = run_forked("train", "model=tiny", f"out_dir={run_dir}", "resume=true", "device=cpu",
                             "train.max_iters=4", *data_args)
     assert result.returncode == 2, failure_output(result)
     assert "holds objects other than DCP's metadata" in result.stderr and "Traceback" not in result.stderr
