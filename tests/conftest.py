@@ -193,6 +193,8 @@ def run_forked(
     the fork, as in every process of ``make test`` (an OpenMP pool does not survive a fork)."""
     if not _in_slow_test:
         raise RuntimeError(f"run_forked({name!r}) starts a process: mark the test @pytest.mark.slow")
+    if sys.platform != "linux":  # forking a process that has loaded torch is not safe on macOS: a real process there
+        return run_script(name, *args, cwd=cwd, env=env, timeout=timeout)
     import json
 
     read, write = os.pipe()
