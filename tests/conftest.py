@@ -190,7 +190,8 @@ def run_forked(
     """run_inline in a fork of this process, in ``cwd``: the script's work done apart (whatever it registers,
     compiles or changes stays in the fork) without a new interpreter importing torch. For runs whose point is what
     the script writes, not the process it is (its start-up, signals, exit): those are run_script's. One thread in
-    the fork, as in every process of ``make test`` (an OpenMP pool does not survive a fork)."""
+    the fork, as in every process of ``make test`` (an OpenMP pool does not survive a fork). Where this process has
+    already run a backward pass, torch refuses autograd in its forks: the run then gets a real process."""
     if not _in_slow_test:
         raise RuntimeError(f"run_forked({name!r}) starts a process: mark the test @pytest.mark.slow")
     if sys.platform != "linux":  # forking a process that has loaded torch is not safe on macOS: a real process there
@@ -209,6 +210,9 @@ def run_forked(
             os.close(read)
             faulthandler.dump_traceback_later(timeout, exit=True)  # a hang: its stacks on stderr, then exit
             torch.set_num_threads(1)
+            if not _autograd_works(torch):
+                payload = None  # a real process instead (below)
+                return
             os.chdir(cwd or ROOT)
             done = run_inline(name, *args, env=env)
             payload = [done.returncode, done.stdout, done.stderr]
@@ -226,9 +230,21 @@ def run_forked(
     with open(read) as pipe:
         text = pipe.read()
     os.waitpid(pid, 0)
+    if text == "null":  # autograd does not work in a fork of this process: the run gets a real one
+        return run_script(name, *args, cwd=cwd, env=env, timeout=timeout)
     code, stdout, stderr = json.loads(text) if text else (
         1, "", f"the forked run ended without a result (killed, or stopped after {timeout} s: its stacks above)")
     return subprocess.CompletedProcess([name, *args], code, stdout, stderr)
+
+
+def _autograd_works(torch) -> bool:
+    """Whether a backward pass runs in this (forked) process: once the parent has run one, torch refuses autograd in
+    its forks ("Unable to handle autograd's threading in combination with fork-based multiprocessing")."""
+    try:
+        torch.ones(1, requires_grad=True).sum().backward()
+    except RuntimeError:
+        return False
+    return True
 
 
 # A torchrun worker: arms a stack dump of every thread (then exit) for a worker still running after argv[1]
