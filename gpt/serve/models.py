@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from gpt.errors import UserError
 from gpt.inference.chat_template import ChatTemplate, ChatTemplateError, Renderer, RendererClosed, RenderersBusy
 from gpt.inference.decoding import check_sampling, prompt_ids
-from gpt.inference.weight_layout import onednn_linears
+from gpt.inference.weight_layout import gemv_layout, onednn_linears
 from gpt.model import GPT
 from gpt.model import design as designs
 from gpt.model.config import GPTConfig
@@ -76,6 +76,7 @@ def load(ckpt: str, name: str, device, kernel: str | None, backend: str | None, 
     chat template lives); start its engine. A template that does not compile is reported, and chat refused."""
     model, tokenizer, meta = loader.load(ckpt, device, kernel, backend, init_path)
     if limits.get("onednn"):  # a batched step's large products through oneDNN's packed weights (a CPU's float32)
+        gemv_layout(model)  # one row at one thread keeps MKL's product: along each matrix's longer side
         onednn_linears(model, limits["max_batch"])
     config = model.config
     chat, problem = None, "this model has no chat template (its tokenizer description has no chat_template)"
