@@ -98,9 +98,10 @@ def _packed_forward(module: nn.Linear, packed: torch.Tensor):
 @torch.no_grad()
 def decode_layout(model: nn.Module, onednn: bool = True) -> None:
     """Store a decoding model's weights for a CPU's one-token steps (generate and chat): gemv_layout, and with
-    ``onednn`` and more than one torch thread oneDNN's packed copies for one row (onednn_linears(rows=1)), which a
-    one-row product at 2 threads ran 1.5-1.9x faster through than MKL's gemv. At one thread nothing is packed: a
-    step's one-row products would keep MKL's gemv anyway, and the copies cost the large Linears' memory."""
+    ``onednn`` and more than one torch thread oneDNN's packed copies for one row (onednn_linears(rows=1)), through
+    which GPT-2's one-row products at 2 threads ran 1.15x to 1.9x as fast as MKL's gemv, and its whole decoding 1.13x
+    (docs/benchmarks.md). At one thread nothing is packed: a step's one-row products would keep MKL's gemv anyway,
+    and the copies cost the large Linears' memory."""
     gemv_layout(model)
     if onednn and torch.get_num_threads() > MKL_ONE_ROW_THREADS:
         onednn_linears(model, rows=1)
