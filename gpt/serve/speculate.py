@@ -27,10 +27,8 @@ def lookup(ids: list[int], ngram: int = 3, draft: int = 4) -> list[int]:
         tail = ids[-n:]
         for start in range(len(ids) - n - 1, -1, -1):
             if ids[start : start + n] == tail:
-                period, guessed = len(ids) - n - start, list(ids)
-                for _ in range(draft):
-                    guessed.append(guessed[-period])
-                return guessed[len(ids) :]
+                period = len(ids) - n - start  # the guesses go on from start + n, the text repeating after it
+                return [ids[len(ids) - period + i % period] for i in range(draft)]
     return []
 
 
