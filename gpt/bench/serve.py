@@ -158,8 +158,8 @@ def stream_completion(url: str, body: dict, api_key: str | None = None, timeout:
         result.end = time.perf_counter()
         if pieces is not None:  # no usage sent (llama-cpp-python's server): one streamed piece a token
             result.tokens = pieces
-    except (OSError, http.client.HTTPException, ValueError) as err:
-        result.error = f"{type(err).__name__}: {err}"
+    except (OSError, http.client.HTTPException, ValueError, LookupError, TypeError, AttributeError) as err:
+        result.error = f"{type(err).__name__}: {err}"  # a dropped connection, or a chunk not shaped as OpenAI's
     finally:
         conn.close()
     return result

@@ -309,3 +309,33 @@ def test_a_streamed_completion_counts_its_tokens_from_usage_or_else_its_pieces(u
         server.server_close()
     assert result.error is None and result.text == "abc"
     assert result.tokens == (7 if usage else 3)
+
+
+def test_a_streamed_chunk_not_shaped_as_openais_is_that_request_s_error():
+    """A peer's odd chunk (usage not an object, a choice not an object) ends that request with an error, counted as
+    failed in the table, not a traceback that stops the benchmark."""
+    import http.server
+    import threading
+
+    from gpt.bench.serve import stream_completion
+
+    bodies = [b'data: {"usage": 7}\n\n', b'data: {"choices": ["a"]}\n\n']
+
+    class Odd(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(bodies.pop(0))
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Odd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        results = [stream_completion(f"http://127.0.0.1:{server.server_port}/v1", {"prompt": "x"}) for _ in range(2)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [r.error.split(":")[0] for r in results] == ["TypeError", "AttributeError"]
