@@ -103,6 +103,7 @@ class PlainStep:
         c = model.config
         self.heads, self.kv_heads, self.head_dim = c.n_head, c.n_kv_head, c.head_dim
         self.wte, self.wpe = model.transformer.wte.weight, model.transformer.wpe.weight
+        self.kernel = kernels.get("sdpa")
 
     def serves(self, cache: KVCache) -> Slots | None:
         """The cache's one Slots when this step can advance it: keys and values in order, rows not padded."""
@@ -124,24 +125,43 @@ class PlainStep:
             raise ValueError(f"KV cache overflow: {start} + 1 tokens exceed block_size {slots.max_length}")
         slots.key_mask.select(1, start).fill_(True)
         slots.pos.fill_(start + 1)
+        return self._forward(token, positions, [(kv.k, kv.v) for kv in cache.layers], start, 0, start + 1, None)
+
+    @torch.no_grad()
+    def pooled(self, token: Tensor, positions: Tensor, stores: list[tuple[Tensor, Tensor]], column: int, lo: int,
+               hi: int, key_mask: Tensor | None) -> Tensor:
+        """A serving engine's step over its cache pool (gpt.serve.cache_pool): one token per row, token and
+        positions (B, 1), each layer's keys and values in stores (B, kv_heads, slots, head_dim); every row's new key
+        goes to slot ``column``, and it attends over slots [lo, hi), key_mask (B, hi - lo) True where a row holds a
+        real key (None: all). The logits the general step gives through the pool's view of these stores, bit for
+        bit (the masked case through the same attention kernel)."""
+        return self._forward(token, positions, stores, column, lo, hi, key_mask)
+
+    def _forward(self, token: Tensor, positions: Tensor, stores: list[tuple[Tensor, Tensor]], write: int, lo: int,
+                 hi: int, key_mask: Tensor | None) -> Tensor:
         B = token.size(0)
         vector = B == 1 and self.vectors
         index = token.view(()) if vector else token.view(B)
         x = torch.embedding(self.wte, index) + torch.embedding(self.wpe, positions.view(index.shape))  # (C,) or (B, C)
-        for layer, kv in zip(self.rows[vector], cache.layers):
-            x = self._block(layer, kv, x, start)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # as the attention layer hands it on
+        for layer, (k, v) in zip(self.rows[vector], stores):
+            x = self._block(layer, k, v, x, write, lo, hi, mask)
         norm, head = self.final[vector]
         return head(norm(x)).view(B, -1)
 
-    def _block(self, layer: _Layer, kv: LayerKV, x: Tensor, start: int) -> Tensor:
-        """One block for one token per row, x (B, C) or (C,): attention against the cached keys, then the MLP, each
-        added to x."""
+    def _block(self, layer: _Layer, k_store: Tensor, v_store: Tensor, x: Tensor, write: int, lo: int, hi: int,
+               mask: Tensor | None) -> Tensor:
+        """One block for one token per row, x (B, C) or (C,): its key and value written at slot ``write``, attention
+        over slots [lo, hi) (mask: (B, 1, 1, hi - lo) or None), then the MLP, each added to x."""
         h, hkv = self.heads, self.kv_heads
         q, k, v = layer.qkv(layer.norm_1(x)).view(-1, h + 2 * hkv, 1, self.head_dim).split([h, hkv, hkv], dim=1)
-        kv.k.narrow(2, start, 1).copy_(k)  # (B, heads, 1, D) each, into the cache's preallocated buffers
-        kv.v.narrow(2, start, 1).copy_(v)
-        y = F.scaled_dot_product_attention(q, kv.k.narrow(2, 0, start + 1), kv.v.narrow(2, 0, start + 1),
-                                           enable_gqa=h != hkv)  # (B, h, 1, D): for one token, the order of (B, C)
+        k_store.narrow(2, write, 1).copy_(k)  # (B, heads, 1, D) each, into the cache's preallocated buffers
+        v_store.narrow(2, write, 1).copy_(v)
+        keys, values = k_store.narrow(2, lo, hi - lo), v_store.narrow(2, lo, hi - lo)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=h != hkv)  # (B, h, 1, D): for one token,
+        else:  # the order of (B, C); rows of different lengths: the kernel the general step calls, its arguments
+            y = self.kernel(q, keys, values, causal=True, mask=mask, window=None, dropout_p=0.0, scale=None)
         x = x + layer.proj(y.reshape(x.shape))
         if layer.fc is None:
             return x

@@ -29,6 +29,7 @@ from gpt.designs.linear import LinearState
 from gpt.designs.mla import LatentKV
 from gpt.designs.stream import SinkKV
 from gpt.inference.decoding import decode_step, left_pad, prefill
+from gpt.inference.plain_step import PlainStep, plain
 from gpt.model import GPT
 from gpt.model.kv_cache import KVCache, LayerKV, Slots, Step
 
@@ -89,6 +90,7 @@ class SlotPool:
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)  # the token each row feeds next
         self.held: list[int] = []  # each row's context length (lengths, as Python numbers)
         self.column = 0  # the next step writes here (mod size)
+        self._plain: PlainStep | None = None  # GPT-2's layers as straight calls (straight), made at the first step
 
     @property
     def free(self) -> int:
@@ -210,10 +212,37 @@ class SlotPool:
         """One decode step of every row in use, each feeding its next token; the next logits (B, vocab)."""
         b = len(self.rows)
         self._unwrap()
-        view = _View(self, *self.span())
-        logits = decode_step(model, self.tokens[:b].view(b, 1), self.lengths[:b].view(b, 1).clone(), view)
-        view.written()
+        lo, hi, full = self.span()
+        straight = self.straight(model)
+        if straight is not None:
+            column = self.column % self.size
+            self.key_mask[:b, column] = True
+            stores = [(layer["k"][0][:b], layer["v"][0][:b]) for layer in self.stores]
+            logits = straight.pooled(self.tokens[:b].view(b, 1), self.lengths[:b].view(b, 1), stores, column, lo, hi,
+                                     None if full else self.key_mask[:b, lo:hi])
+        else:
+            view = _View(self, lo, hi, full)
+            logits = decode_step(model, self.tokens[:b].view(b, 1), self.lengths[:b].view(b, 1).clone(), view)
+            view.written()
+        self.advance(b)
         return logits
+
+    def straight(self, model: GPT) -> PlainStep | None:
+        """GPT-2's layers as straight calls (gpt.inference.plain_step) where they give this pool's steps exactly: a
+        model plain() accepts, keys and values in columns (no ring, no sink tokens), no autocast. A step of the
+        default model through them took half the general step's time here (docs/serving.md)."""
+        if (self.ring or self.sinks or self.renumber or any(kind is not LayerKV for kind in self.kinds)
+                or torch.is_autocast_enabled(self.device.type) or not plain(model)):
+            return None
+        if self._plain is None or self._plain.model is not model:
+            self._plain = PlainStep(model, decode_step)
+        return self._plain
+
+    def advance(self, b: int) -> None:
+        """After a step of the first b rows: the column and the rows' lengths one further."""
+        self.column += 1
+        self.lengths[:b] += 1
+        self.held[:b] = [n + 1 for n in self.held[:b]]
 
     def _unwrap(self) -> None:
         """Where the rows' columns wrap round the ring (a prompt longer than the column joined, or the column reached
@@ -304,7 +333,7 @@ class _View(Slots):
 
     def written(self) -> None:
         """After the step: stores a kind replaced rather than wrote in place (a running state, sink tokens' keys)
-        copied into the pool, a sink token decoded now kept, the column and the lengths advanced."""
+        copied into the pool, a sink token decoded now kept (the pool's advance follows)."""
         pool, b = self.pool, len(self.pool.rows)
         for layer, views in zip(self.layers, self.views):
             for name, values in views.items():
@@ -313,9 +342,6 @@ class _View(Slots):
                         value.copy_(new)
             if type(layer) is SinkKV and pool.sinks:
                 self._keep_sinks(views, b)
-        pool.column += 1
-        pool.lengths[:b] += 1
-        pool.held[:b] = [n + 1 for n in pool.held[:b]]
 
     def _keep_sinks(self, views: dict[str, list[Tensor]], b: int) -> None:
         """Rows whose new token is one of the first ``sinks``: its key and value also go to the sink stores."""

@@ -155,6 +155,48 @@ def test_the_pools_logits_are_each_rows_own_caches_logits(case):
     assert pool.free == 0 and sorted(pool.rows) == ["a", "c", "d"]
 
 
+@pytest.mark.parametrize("settings", [{}, {"n_kv_head": 2}, {"norm": "rmsnorm", "bias": False, "mlp": False},
+                                      {"dtype": torch.bfloat16}], ids=["gpt2", "gqa", "rmsnorm, no mlp", "bf16"])
+def test_gpt2_layers_step_the_pool_as_straight_calls_with_the_general_steps_logits_bit_for_bit(settings, monkeypatch):
+    """GPT-2's layers decode the pool through PlainStep (half the general step's time): the same logits and the same
+    stores bit for bit as the general step through the pool's view, rows of one length (no mask), then of several
+    (masked) as rows join and one leaves."""
+    dtype = settings.pop("dtype", torch.float32)
+    model = model_for(settings, 4).to(dtype)
+    weight_layout.gemv_layout(model)  # as the server stores the weights
+    pools = [SlotPool(model, 3, torch.device("cpu")) for _ in range(2)]
+    assert pools[0].straight(model) is not None
+    monkeypatch.setattr(pools[1], "straight", lambda model: None)  # the general step through _View
+    g = torch.Generator().manual_seed(5)
+    streams = {name: torch.randint(0, len(CHARS), (40,), generator=g).tolist() for name in "abcd"}
+    joins = {0: ("a", 3), 1: ("b", 3), 3: ("c", 7), 6: ("d", 2)}
+    fed = {}
+    for step in range(10):
+        if pools[0].rows:
+            fast, general = (pool.decode(model) for pool in pools)
+            assert torch.equal(fast, general), step
+            for name in pools[0].rows:
+                fed[name] += 1
+            for pool in pools:
+                pool.feed([streams[name][fed[name]] for name in pool.rows])
+        if step == 5:
+            for pool in pools:
+                pool.release(pool.rows.index("a"))
+        if step in joins:
+            name, n = joins[step]
+            for pool in pools:
+                cache = KVCache(model.config, 1, "cpu")
+                prefill(model, torch.tensor([streams[name][:n]]), torch.arange(n)[None], None, cache)
+                pool.insert(name, cache, n, streams[name][n])
+            fed[name] = n
+    assert pools[0].held == pools[1].held and torch.equal(pools[0].key_mask, pools[1].key_mask)
+    for a, b in zip(*(pool.stores for pool in pools)):
+        assert torch.equal(a["k"][0], b["k"][0]) and torch.equal(a["v"][0], b["v"][0])
+    hooked = model_for(settings, 4)
+    hooked.transformer.h[0].attn.hook_q.add(lambda q, hook: q)  # an interpretability hook: the general step's
+    assert SlotPool(hooked, 1, torch.device("cpu")).straight(hooked) is None
+
+
 @pytest.mark.parametrize("case", ["gpt2", "mla:alone", "alibi:alone", "rope:alone"])
 def test_rows_whose_columns_wrap_round_are_moved_so_a_step_reads_only_their_columns(case):
     """A prompt longer than the pool's column joins a short row: its columns wrap round the ring, and the step would
