@@ -223,16 +223,6 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
     app.state.shutdown = Shutdown(models, renderer)
     add_error_handlers(app)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key and request.url.path.startswith(("/v1/", "/api/")):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                what = "no API key was given" if not given else "the API key is wrong"
-                error = APIError(401, f"{what}: send it as 'Authorization: Bearer <key>'", code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
-
     def served(name: Any) -> Served:
         if name not in models:
             raise APIError(404, f"the model {name!r:.200} does not exist; this server serves {', '.join(models)}",
@@ -241,8 +231,28 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
 
     add_api_routes(app, models, served, max_body_bytes)
     add_page_routes(app, models, served, max_body_bytes)
+    if api_key:
+        app.add_middleware(KeyCheck, api_key=api_key)
     app.add_middleware(QuietAtShutdown)
     return app
+
+
+class KeyCheck:
+    """/v1/ and /api/ answer only requests that send the key (401 otherwise). Plain ASGI, not Starlette's
+    BaseHTTPMiddleware, which passes every chunk of a streamed response through a stream of its own and a task
+    switch: a third of the server's own time per token, streaming to one client (docs/serving.md)."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/api/")):
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "no API key was given" if not given else "the API key is wrong"
+                error = APIError(401, f"{what}: send it as 'Authorization: Bearer <key>'", code="invalid_api_key")
+                return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class QuietAtShutdown:
