@@ -14,9 +14,12 @@ import contextlib
 import hmac
 import json
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +68,82 @@ class Shutdown:
             await self._event.wait()
 
 
+class Outbox:
+    """Outputs handed from the engine's thread to a request's coroutine, which takes them at once for a sequence's
+    first output and its last, and otherwise at most once per ``interval`` seconds. Each wake-up of the event loop
+    from the engine's thread (a write to its self-pipe, then the two threads taking the interpreter's lock in turn)
+    cost a stream of the default model a third of its tokens per second here when every token woke it
+    (docs/serving.md); what piles up meanwhile goes out as one chunk. No output waits longer than ``interval``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop, self.interval, self.items, self.ready = loop, interval, deque(), asyncio.Event()
+        self.woken = False  # a wake-up is on its way, or the coroutine is awake and will look at items again
+        self.urgent = False  # an output that may not wait is among items
+        self.last = 0.0  # when the coroutine last took outputs (time.monotonic)
+
+    def put(self, item, urgent: bool) -> None:
+        """From the engine's thread; ``urgent``: take it now, whenever outputs were last taken."""
+        self.items.append(item)
+        self.urgent = self.urgent or urgent
+        if self.woken or not (urgent or time.monotonic() - self.last >= self.interval):
+            return
+        self.woken = True
+        try:
+            self.loop.call_soon_threadsafe(self.ready.set)
+        except RuntimeError:  # the event loop closed (the server is stopping)
+            pass
+
+    async def take(self) -> list:
+        """Every output put so far, once one is there and is urgent or the interval since the last take is over."""
+        while True:
+            wait = self.last + self.interval - time.monotonic()
+            if self.items and (self.urgent or wait <= 0):
+                break
+            self.woken = False
+            if self.items and (self.urgent or wait <= 0):  # put between the look and the flag: it may not wake us
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), wait if self.items else None)
+            self.ready.clear()
+        self.woken, self.urgent, self.last = True, False, time.monotonic()
+        return [self.items.popleft() for _ in range(len(self.items))]
+
+
+@dataclass
+class Piece:
+    """A sequence's outputs that arrived together, as one: their text, the tokens sampled (stop tokens not among
+    them), and how it ended if it did (finish_reason; error's message)."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str | None
+    error: str | None
+
+
+def pieces(batch: list[tuple[int, Output]]) -> list[tuple[int, Piece]]:
+    """Outputs taken together, one Piece per sequence (in the order each first appears)."""
+    merged: dict[int, Piece] = {}
+    for i, output in batch:
+        piece = merged.setdefault(i, Piece("", [], None, None))
+        piece.text += output.text
+        piece.tokens += [] if output.token is None else [output.token]
+        piece.finish_reason, piece.error = output.finish_reason, output.error
+    return list(merged.items())
+
+
 class Job:
     """One request's sequences in an engine: submitted at once, their outputs read as they come, cancelled together."""
 
-    def __init__(self, served: Served, prompts: list[list[int]], settings: list, per_prompt: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, Output]] = asyncio.Queue()
+    def __init__(self, served: Served, prompts: list[list[int]], settings: list, per_prompt: int,
+                 stream_interval: float = 0.0) -> None:
+        self.outbox = Outbox(asyncio.get_running_loop(), stream_interval)
 
         def deliver(i: int):
+            first = [True]
+
             def put(output: Output) -> None:
-                try:
-                    loop.call_soon_threadsafe(self.queue.put_nowait, (i, output))
-                except RuntimeError:  # the event loop closed (the server is stopping)
-                    pass
+                self.outbox.put((i, output), first[0] or output.finish_reason is not None)
+                first[0] = False
             return put
 
         device = served.engine.device
@@ -94,14 +160,14 @@ class Job:
             raise APIError(503, f"the server is busy: {err}; retry in {seconds} s", code="server_busy",
                            kind="server_error", headers={"Retry-After": str(seconds)}) from None
 
-    async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
-        """(sequence index, output) as the engine produces them, until every sequence has ended."""
+    async def outputs(self) -> AsyncIterator[tuple[int, Piece]]:
+        """(sequence index, what it produced since) as the engine produces it, until every sequence has ended."""
         remaining = len(self.sequences)
         try:
             while remaining:
-                i, output = await self.queue.get()
-                remaining -= output.finish_reason is not None
-                yield i, output
+                for i, piece in pieces(await self.outbox.take()):
+                    remaining -= piece.finish_reason is not None
+                    yield i, piece
         finally:
             self.served.engine.cancel(self.sequences)  # those still running: their client is gone
 
@@ -113,12 +179,12 @@ class Job:
         """Each token's own text (the page shows tokens one by one)."""
         return [self.served.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in ids]
 
-    def ids_of(self, i: int, token: int | None = None) -> dict[str, list]:
-        """return_token_ids's fields: the prompt's ids and texts (token None), or one new token's."""
-        if token is None:
+    def ids_of(self, i: int, tokens: list[int] | None = None) -> dict[str, list]:
+        """return_token_ids's fields: the prompt's ids and texts (tokens None), or new tokens'."""
+        if tokens is None:
             return {"prompt_token_ids": self.prompts[i], "prompt_token_texts": self.texts(self.prompts[i]),
                     "token_ids": [], "token_texts": []}
-        return {"token_ids": [token], "token_texts": self.texts([token])}
+        return {"token_ids": tokens, "token_texts": self.texts(tokens)}
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -204,8 +270,9 @@ def sse(data: Any) -> str:
 
 
 def create_app(models: dict[str, Served], api_key: str | None = None, max_body_bytes: int = 2**20,
-               renderer: Renderer | None = None) -> FastAPI:
-    """The application serving ``models`` (by id); the engines are stopped when it shuts down."""
+               renderer: Renderer | None = None, stream_interval: float = 0.0) -> FastAPI:
+    """The application serving ``models`` (by id); the engines are stopped when it shuts down. A stream's tokens
+    are sent as they come, gathered into one chunk per ``stream_interval`` seconds at most (Outbox)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -219,7 +286,7 @@ def create_app(models: dict[str, Served], api_key: str | None = None, max_body_b
             renderer.close()
 
     app = FastAPI(title="gpt-attention", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.models = models
+    app.state.models, app.state.stream_interval = models, stream_interval
     app.state.shutdown = Shutdown(models, renderer)
     add_error_handlers(app)
 
@@ -314,7 +381,7 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
         settings = samplings(s, body, len(prompts) * body.n, default_max=16)
         if body.attention is not None:  # refused before any decoding when it asks too much
             attention.check_request(s, body.attention, prompts * body.n, settings[0].max_tokens, body.stream)
-        job = Job(s, prompts, settings, body.n)
+        job = Job(s, prompts, settings, body.n, request.app.state.stream_interval)
         texts = [s.tokenizer.decode(p) if body.echo else "" for p in job.prompts]
         if body.stream:
             return event_stream(completion_chunks(job, body, texts))
@@ -327,7 +394,7 @@ def add_api_routes(app: FastAPI, models: dict[str, Served], served, max_body_byt
         prompt = await asyncio.to_thread(chat_prompt, s, body)
         assert s.chat is not None  # chat_prompt refused the request otherwise
         settings = samplings(s, body, body.n, s.max_tokens, s.chat.stop_tokens, s.chat.stop)
-        job = Job(s, [prompt], settings, body.n)
+        job = Job(s, [prompt], settings, body.n, request.app.state.stream_interval)
         if body.stream:
             return event_stream(chat_chunks(job, body))
         return await unless_disconnected(request, chat_response(job, body))
@@ -370,7 +437,7 @@ def event_stream(chunks: AsyncIterator[dict]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def failed(output: Output) -> APIError:
+def failed(output: Piece) -> APIError:
     if output.error == SHUTTING_DOWN:
         return shutting_down()
     return APIError(500, output.error or "decoding failed", kind="server_error")
@@ -383,7 +450,7 @@ async def completion_response(job: Job, body, texts: list[str]) -> dict:
         if output.finish_reason == "error":
             raise failed(output)
         texts[i] += output.text
-        token_ids[i] += [output.token] if output.token is not None else []
+        token_ids[i] += output.tokens
         finish[i] = output.finish_reason
     choices = []
     for i, text in enumerate(texts):
@@ -413,7 +480,7 @@ async def completion_chunks(job: Job, body, texts: list[str]) -> AsyncIterator[d
             continue
         choice = {"index": i, "text": output.text, "logprobs": None, "finish_reason": output.finish_reason}
         if body.return_token_ids:
-            choice.update(job.ids_of(i, output.token) if output.token is not None else {"token_ids": []})
+            choice.update(job.ids_of(i, output.tokens) if output.tokens else {"token_ids": []})
         yield protocol.envelope("text_completion", rid, body.model, [choice])
     if body.stream_options and body.stream_options.include_usage:
         yield protocol.envelope("text_completion", rid, body.model, [], usage=job.usage())

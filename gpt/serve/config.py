@@ -30,6 +30,7 @@ class ServeConfig(ScriptConfig):
     prefix_cache_blocks: int = 1024  # blocks of 16 prompt tokens whose keys and values are kept for reuse; 0: none
     prefill_chunk: int = 256  # prompt tokens prefilled between two decode steps (a longer prompt takes several); 0: all
     speculate: int = 0  # prompt-lookup guesses per step for a greedy sequence decoded alone; 0: no speculation
+    stream_interval_ms: float = 5.0  # a stream's tokens that come faster than this go out together; 0: no wait
     onednn: bool = True  # a CPU's batched steps multiply the large float32 Linears through oneDNN's packed weights
     log_requests: bool = True  # one access-log line per request
     device: DeviceConfig = field(default_factory=DeviceConfig)
@@ -45,6 +46,9 @@ class ServeConfig(ScriptConfig):
             raise ConfigError(f"prefill_chunk must be 0 (whole prompts) or more, got {self.prefill_chunk}")
         if isinstance(self.prefix_cache_blocks, bool) or self.prefix_cache_blocks < 0:
             raise ConfigError(f"prefix_cache_blocks must be 0 (none) or more, got {self.prefix_cache_blocks}")
+        if isinstance(self.stream_interval_ms, bool) or not 0 <= self.stream_interval_ms <= 1000:
+            raise ConfigError(f"stream_interval_ms must be between 0 (each token alone) and 1000, got "
+                              f"{self.stream_interval_ms}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be between 0 and 65535, got {self.port}")
         if self.precision not in PRECISIONS:

@@ -80,7 +80,7 @@ def run(cfg: ServeConfig) -> None:
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     print(f"serving at {url}/ (the attention page) and {url}/v1 (the OpenAI API); Ctrl-C stops", flush=True)
-    app = create_app(models, key, cfg.max_body_bytes, renderer)
+    app = create_app(models, key, cfg.max_body_bytes, renderer, cfg.stream_interval_ms / 1000)
     config = uvicorn.Config(app, log_level="info", access_log=cfg.log_requests, timeout_graceful_shutdown=5)
     try:
         with dropping_panic_notes():  # a prompt the tokenizer gives up on: its 400's log line, not Rust's note too

@@ -2,6 +2,7 @@
 settings, alone and batched with other requests, for the default model and other designs; chat through a template;
 streaming; usage; every bad request's error, after which the server still serves; cancellation on disconnect."""
 
+import asyncio
 import http.client
 import io
 import json
@@ -146,6 +147,58 @@ def test_streaming_sends_the_same_text_piece_by_piece_with_usage(server, client)
     assert chunks[-1].usage.prompt_tokens == len("def f(") and chunks[-2].choices[0].finish_reason == "length"
     whole = client.completions.create(model=ids["small"], prompt="def f(", max_tokens=40, seed=3)
     assert text == whole.choices[0].text and whole.usage.total_tokens == 46
+
+
+def test_tokens_faster_than_the_stream_interval_go_out_together_with_the_same_text_and_ids(tmp_path):
+    """stream_interval_ms (serve.py's default 5): what the default model decodes within an interval is one chunk;
+    the text, the token ids and the usage are those of the stream that wakes the loop for every token (0)."""
+    path = save(tmp_path / "m.pt", DESIGNS["small"], 2)
+    cfg = ServeConfig(ckpt=str(path), max_batch=4, max_queue=8)
+    body = dict(model=str(path), prompt="def f(", max_tokens=120, seed=3, stream=True,
+                stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
+    streams, took = {}, {}
+    for interval in (0.0, 5.0):
+        renderer = Renderer()
+        with running(create_app(load_models(cfg, renderer), None, cfg.max_body_bytes, renderer, interval)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            start = time.perf_counter()
+            streams[interval] = list(client.completions.create(**body))
+            took[interval] = time.perf_counter() - start
+    for chunks in streams.values():
+        assert chunks[-1].usage.completion_tokens == 120
+    (alone, together) = ([c.choices[0] for c in chunks if c.choices] for chunks in streams.values())
+    assert "".join(c.text for c in together) == "".join(c.text for c in alone)
+    ids = [[t for c in chunks for t in c.model_extra["token_ids"]] for chunks in (alone, together)]
+    assert ids[0] == ids[1] and len(ids[0]) == 120
+    # the prompt's chunk, the first token's (sent at once), the rest with the last (at once)
+    assert len(together) <= 4 < len(alone) and together[-1].finish_reason == "length"
+    assert took[5.0] < 5.0, took  # neither the first token nor the last waited for the interval
+
+
+def test_the_outbox_wakes_the_loop_for_first_and_last_outputs_and_else_once_an_interval():
+    from gpt.serve.app import Outbox, pieces
+    from gpt.serve.engine import Output
+
+    async def scenario() -> None:
+        box = Outbox(asyncio.get_running_loop(), interval=3600.0)
+        put = lambda *args: threading.Thread(target=box.put, args=args).start()  # noqa: E731  (the engine's thread)
+        put((0, Output("a", 1)), True)
+        assert await asyncio.wait_for(box.take(), 5) == [(0, Output("a", 1))]
+        waiting = asyncio.ensure_future(box.take())
+        await asyncio.sleep(0.05)  # waiting for a wake-up
+        put((0, Output("b", 2)), False)
+        put((1, Output("", None, "stop")), False)
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # within the interval: not woken
+        put((0, Output("c", 3, "length")), True)
+        got = await asyncio.wait_for(waiting, 5)
+        assert [p for p in pieces(got)] == [(0, Piece("bc", [2, 3], "length", None)), (1, Piece("", [], "stop", None))]
+        box.interval = 0.0
+        put((2, Output("d", 4)), False)
+        assert await asyncio.wait_for(box.take(), 5) == [(2, Output("d", 4))]
+
+    from gpt.serve.app import Piece
+    asyncio.run(scenario())
 
 
 def test_n_choices_echo_token_prompts_and_token_ids(server, client):
