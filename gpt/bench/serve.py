@@ -401,13 +401,16 @@ def checkout(revision: str, folder: Path) -> Path:
 
 def decode_speed(ckpt: str, device: str, tokens: int, threads: int | None = None) -> float:
     """Tokens per second of the model's own decode loop, one sequence (bench_decode's "KV cache" way, greedy) after
-    an 11-token prompt: the ceiling of one client's speed through the server."""
+    an 11-token prompt, the weights stored as bench_decode and the server store them (gemv_layout): the ceiling of
+    one client's speed through the server."""
     import torch
 
     from gpt.inference.decoding import generate
+    from gpt.inference.weight_layout import gemv_layout
     from gpt.weights.load import load as load_model
 
     model = load_model(ckpt, torch.device(device)).model
+    gemv_layout(model)
     if threads:
         torch.set_num_threads(threads)
     prompt = torch.randint(0, model.config.vocab_size, (1, 11), device=device)
