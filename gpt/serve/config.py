@@ -47,7 +47,7 @@ class ServeConfig(ScriptConfig):
         if isinstance(self.prefix_cache_blocks, bool) or self.prefix_cache_blocks < 0:
             raise ConfigError(f"prefix_cache_blocks must be 0 (none) or more, got {self.prefix_cache_blocks}")
         if isinstance(self.stream_interval_ms, bool) or not 0 <= self.stream_interval_ms <= 1000:
-            raise ConfigError(f"stream_interval_ms must be between 0 (each token alone) and 1000, got "
+            raise ConfigError(f"stream_interval_ms must be between 0 (no wait) and 1000 milliseconds, got "
                               f"{self.stream_interval_ms}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be between 0 and 65535, got {self.port}")

@@ -474,7 +474,9 @@ def test_bad_settings_are_refused_before_serving(tmp_path):
 
     for settings, message in [({"port": 70000}, "port must be between 0 and 65535"),
                               ({"max_batch": 0}, "max_batch must be positive"), ({"api_key": " "}, "api_key is empty"),
-                              ({"extra_ckpts": ["a"]}, "named twice")]:
+                              ({"extra_ckpts": ["a"]}, "named twice"),
+                              ({"stream_interval_ms": -1}, "stream_interval_ms must be between 0"),
+                              ({"stream_interval_ms": 5000}, "stream_interval_ms must be between 0")]:
         with pytest.raises(ConfigError, match=message):
             ServeConfig(**{"ckpt": "a", **settings})
     with pytest.raises(UserError, match="does not exist"):
