@@ -104,19 +104,25 @@ def sigterm_interrupts() -> Iterator[None]:
 
 @contextmanager
 def signals_noted(received: list[int]) -> Iterator[None]:
-    """Ctrl-C and SIGTERM act as they would (each handler in place is called), and are also appended to
-    ``received``: a writer that turns the KeyboardInterrupt into an error of its own is still known to be stopped."""
+    """Ctrl-C and SIGTERM act as they would (each handler in place is called); those that stop the process (the
+    handler raised, or the default action) are also appended to ``received``: a writer that turns the
+    KeyboardInterrupt into an error of its own is still known to be stopped. A handler that returns (the trainer's
+    SignalGuard: finish the step, save, then stop) lets the write finish."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def note(signum: int, frame: Any) -> None:
-        received.append(signum)
         handler = previous[signum]
         if callable(handler):
-            handler(signum, frame)
+            try:
+                handler(signum, frame)
+            except BaseException:
+                received.append(signum)
+                raise
         elif handler == signal.SIG_DFL:  # what the signal would have done: Ctrl-C raises, SIGTERM ends the process
+            received.append(signum)
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             signal.signal(signum, signal.SIG_DFL)

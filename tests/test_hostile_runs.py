@@ -234,6 +234,33 @@ def test_sigterm_during_a_long_evaluation_inside_training_stops_it_within_second
     assert (tmp_path / "run" / "ckpt.pt").is_file()
 
 
+def test_ctrl_c_mid_write_under_the_trainers_guard_lets_the_checkpoint_finish(tmp_path):
+    """The trainer's SignalGuard answers Ctrl-C with "finish this step and save": a Ctrl-C that lands while that
+    save is being written must not throw the save away (it did: the writer raised KeyboardInterrupt after writing,
+    and the run stopped without its checkpoint or its "stopped by" line). Without a guard, Ctrl-C still stops the
+    write and keeps the previous file."""
+    from gpt.files import atomic_write
+    from gpt.train.signals import SignalGuard
+
+    target = tmp_path / "ckpt.pt"
+    target.write_bytes(b"step 10")
+
+    def write(f, data: bytes) -> None:
+        f.write(data[:4])
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C lands mid-write
+        f.write(data[4:])
+
+    try:
+        with SignalGuard(verbose=False) as guard:
+            atomic_write(target, lambda f: write(f, b"step 20"), what="checkpoint")
+    except KeyboardInterrupt:  # a failure of this test, not a Ctrl-C that ends the test session
+        pytest.fail("the Ctrl-C the guard answered threw the save away")
+    assert guard.received == "SIGINT" and target.read_bytes() == b"step 20"
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, lambda f: write(f, b"step 30"), what="checkpoint")
+    assert target.read_bytes() == b"step 20" and [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
 def test_ctrl_c_while_consolidate_writes_exits_130_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
     import torch
     from test_sharded_checkpoint import write_step
