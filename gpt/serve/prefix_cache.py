@@ -56,14 +56,18 @@ class PrefixCache:
         self.looked = self.reused = 0  # prompt tokens looked up, and found
 
     @staticmethod
+    def key(parent: int, tokens: tuple[int, ...]) -> int:
+        """A block's key: its tokens and its parent's key, which chains every token before it."""
+        return hash((parent, tokens))
+
+    @staticmethod
     def hashes(tokens: list[int]) -> list[tuple[int, int, tuple[int, ...]]]:
         """(its key, its parent's key, its tokens) of each whole block of tokens: keys chain every earlier token."""
         out, parent = [], 0
         for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
             block = tuple(tokens[start : start + BLOCK])
-            key = hash((parent, block))
-            out.append((key, parent, block))
-            parent = key
+            out.append((PrefixCache.key(parent, block), parent, block))
+            parent = out[-1][0]
         return out
 
     def lookup(self, context: list[int]) -> tuple[int, list[Block]]:
@@ -77,7 +81,7 @@ class PrefixCache:
         rest = context[len(found) * BLOCK : -1]
         for size in range(min(len(rest), BLOCK - 1), 0, -1):
             tail = tuple(rest[:size])
-            if self._found(hash((parent, tail)), parent, tail, found):
+            if self._found(self.key(parent, tail), parent, tail, found):
                 break
         tokens = sum(len(block.tokens) for block in found)
         self.looked += len(context)
@@ -119,7 +123,8 @@ class PrefixCache:
         end = len(blocks) * BLOCK
         if tail and end < len(tokens):
             parent = blocks[-1][0] if blocks else 0
-            blocks.append((hash((parent, tuple(tokens[end:]))), parent, tuple(tokens[end:])))
+            tail = tuple(tokens[end:])
+            blocks.append((self.key(parent, tail), parent, tail))
         for b, (key, parent, block) in enumerate(blocks):
             if key in self.blocks:
                 self.blocks.move_to_end(key)
